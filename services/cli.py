@@ -1,0 +1,59 @@
+"""The `agrpo` command: `agrpo <service> [--config FILE] [--key value ...]`.
+
+Heavy modules are imported only by the subcommand that needs them, so `agrpo --help`
+answers at once. A bad config exits with status 2 and one line naming the key.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "reward": ("services.reward.server", "Serve the reward API (RewardService)."),
+    "rollout": ("services.rollout.server", "Generate with vLLM, score, stream samples to the trainer."),
+    "trainer": ("services.trainer.server", "Train on samples, sync weights into vLLM, publish versions."),
+}
+
+USAGE = """usage: agrpo <command> [--config FILE] [--key value ...]
+
+commands:
+{commands}
+
+Configuration: defaults < YAML file (--config or AGRPO_CONFIG) < environment
+(AGRPO_<KEY>, AGRPO_<SECTION>__<KEY>) < flags (--key value, --section.key value).
+Keys are AsyncGRPOConfig's (e.g. --max_staleness 2) plus the service sections
+(--trainer.port 50051). See docs/config.md."""
+
+
+def _usage() -> str:
+    lines = "\n".join(f"  {name:<9}{doc}" for name, (_, doc) in COMMANDS.items())
+    return USAGE.format(commands=lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch to a service's `main(cfg)`; return the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"agrpo: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    if any(a in ("-h", "--help") for a in rest):
+        print(f"agrpo {command}: {COMMANDS[command][1]}\n\n{_usage()}")
+        return 0
+    from services.common.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(rest)
+    except ConfigError as exc:
+        print(f"agrpo {command}: config error: {exc}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(module.main(cfg) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Plumbing shared by every service: config, logging, metrics, errors, gRPC server and channels."""

@@ -1,0 +1,130 @@
+"""Build the config from defaults < YAML file < environment < command-line flags.
+
+- File: `--config FILE` or `AGRPO_CONFIG`; YAML (JSON is YAML too).
+- Environment: `AGRPO_<KEY>` for a top-level key, `AGRPO_<SECTION>__<KEY>` inside a
+  section (e.g. `AGRPO_MAX_STALENESS=2`, `AGRPO_TRAINER__PORT=0`).
+- Flags: `--key value` or `--key=value`, dotted for sections (`--trainer.port 0`);
+  dashes and underscores are interchangeable.
+Values from the environment and flags are parsed as YAML scalars ("2" -> 2, "[a, b]" -> list).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .compat import check_unsupported
+from .model import AgrpoConfig
+
+ENV_PREFIX = "AGRPO_"
+SECTIONS = ("trainer", "rollout", "reward", "tls", "auth", "dataset")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the key and what is allowed."""
+
+
+def load_config(argv: Sequence[str] = (), env: Mapping[str, str] | None = None) -> AgrpoConfig:
+    """Resolve and validate the config; raise ConfigError with one line per problem."""
+    env = os.environ if env is None else env
+    flags, config_file = _parse_flags(argv)
+    config_file = config_file or env.get(ENV_PREFIX + "CONFIG")
+    raw: dict[str, Any] = _read_file(Path(config_file)) if config_file else {}
+    _merge(raw, _from_env(env))
+    _merge(raw, flags)
+    raw, errors = check_unsupported(raw)
+    if errors:
+        raise ConfigError("; ".join(errors))
+    try:
+        return AgrpoConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One short clause per error: `key.path: what is wrong (got value)`."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "config"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            parts.append(f"{loc}: unknown key")
+        elif not err["loc"]:
+            parts.append(msg)
+        else:
+            parts.append(f"{loc}: {msg} (got {err.get('input')!r})")
+    return "; ".join(parts)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: invalid YAML: {exc}".replace("\n", " ")) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def _scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
+        _set_path(out, path, _scalar(value))
+    return out
+
+
+def _parse_flags(argv: Sequence[str]) -> tuple[dict[str, Any], str | None]:
+    out: dict[str, Any] = {}
+    config_file = None
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if not arg.startswith("--") or arg == "--":
+            raise ConfigError(f"unexpected argument {arg!r}: flags look like --key value")
+        key, sep, value = arg[2:].partition("=")
+        if not sep:
+            if not args or args[0].startswith("--"):
+                raise ConfigError(f"--{key}: missing value")
+            value = args.pop(0)
+        key = key.replace("-", "_")
+        if key == "config":
+            config_file = value
+            continue
+        _set_path(out, key.split("."), _scalar(value))
+    return out, config_file
+
+
+def _set_path(out: dict[str, Any], path: list[str], value: Any) -> None:
+    node = out
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{'.'.join(path)}: {part} is not a section")
+    node[path[-1]] = value
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> None:
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value

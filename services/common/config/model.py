@@ -1,0 +1,74 @@
+"""The one config model: GRPO parameters at the top level, one section per service."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from .grpo import GRPOArgs
+from .sections import (
+    AuthConfig,
+    DatasetConfig,
+    RewardFunctionConfig,
+    RewardSection,
+    RolloutSection,
+    TLSConfig,
+    TrainerSection,
+)
+
+
+class AgrpoConfig(GRPOArgs):
+    """Everything the three services need; each reads the shared part and its section."""
+
+    model: str | None = None
+    """Model path or id the trainer loads and vLLM serves (the vLLM model name too)."""
+    tokenizer: str | None = None
+    """Tokenizer path; None: the model's."""
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    """Prompt dataset (rollout)."""
+    reward_funcs: list[RewardFunctionConfig] = Field(default_factory=list)
+    """Reward functions, summed with their weights (reward service)."""
+    reward_weights: list[float] | None = None
+    """TRL-style weights, one per reward function; overrides each function's weight."""
+    tools: list[str] = Field(default_factory=list)
+    """Tool functions by `module:callable` (rollout)."""
+    environment_factory: str | dict[str, str] | None = None
+    """Environment factory by `module:callable`, or a name -> factory map (rollout)."""
+    log_format: str = Field("auto", pattern="^(auto|json|text)$")
+    """Log lines as JSON (containers) or text (terminals); auto picks by TTY."""
+    tls: TLSConfig = Field(default_factory=TLSConfig)
+    """TLS for every gRPC server and client."""
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    """Bearer-token authentication for every gRPC server and client."""
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    """The trainer service."""
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    """The rollout service."""
+    reward: RewardSection = Field(default_factory=RewardSection)
+    """The reward service."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "AgrpoConfig":
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(f"reward_weights has {len(self.reward_weights)} entries but "
+                             f"reward_funcs has {len(self.reward_funcs)}")
+        if self.fp16 and self.bf16:
+            raise ValueError("bf16 and fp16 are mutually exclusive")
+        if self.use_liger_kernel:
+            raise ValueError("use_liger_kernel: not supported (as in TRL's async trainer)")
+        if self.lr_scheduler_type not in ("constant", "constant_with_warmup") and self.max_steps <= 0:
+            raise ValueError(f"lr_scheduler_type: {self.lr_scheduler_type!r} decays over max_steps, "
+                             "so it needs max_steps > 0")
+        return self
+
+    @property
+    def resolved_output_dir(self) -> str:
+        """output_dir with TRL's fallback."""
+        return self.output_dir or "trainer_output"
+
+    @property
+    def resolved_max_inflight_tasks(self) -> int:
+        """max_inflight_tasks with the seed's auto formula for -1 (one trainer process)."""
+        if self.max_inflight_tasks > 0:
+            return self.max_inflight_tasks
+        auto = self.max_staleness * self.per_device_train_batch_size * self.gradient_accumulation_steps
+        return max(auto, self.num_generations)

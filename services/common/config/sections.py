@@ -1,0 +1,149 @@
+"""Service sections of the config: what each service listens on, whom it calls, and how.
+
+Each service reads the shared GRPO parameters plus its own section; the peers'
+sections tell it where the others are (their `address`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TLSConfig(Section):
+    """TLS for servers and clients; off by default (plaintext on localhost)."""
+
+    enabled: bool = False
+    """Serve and dial with TLS."""
+    cert_file: Path | None = None
+    """PEM certificate of this service (server side; client side for mTLS)."""
+    key_file: Path | None = None
+    """PEM private key matching cert_file."""
+    ca_file: Path | None = None
+    """PEM CA bundle: verifies servers (clients) and, with mTLS, clients (servers)."""
+    require_client_auth: bool = False
+    """mTLS: servers demand a client certificate signed by ca_file."""
+    server_name_override: str | None = None
+    """Client side: expected server name when it differs from the dialled host."""
+
+    @model_validator(mode="after")
+    def _files_when_enabled(self) -> "TLSConfig":
+        if self.enabled and not (self.cert_file and self.key_file):
+            raise ValueError("tls.enabled needs tls.cert_file and tls.key_file")
+        if self.require_client_auth and not self.ca_file:
+            raise ValueError("tls.require_client_auth needs tls.ca_file")
+        return self
+
+
+class AuthConfig(Section):
+    """Bearer-token authentication through gRPC metadata; off when no token is set."""
+
+    token: str | None = None
+    """Shared secret; callers send `authorization: Bearer <token>`."""
+    token_file: Path | None = None
+    """File holding the token (preferred over `token` in deployments)."""
+
+    def resolve(self) -> str | None:
+        """The token in force, read from token_file when given."""
+        if self.token_file:
+            return self.token_file.read_text().strip()
+        return self.token
+
+
+class ServiceSection(Section):
+    """Where a service listens, where peers reach it, and its gRPC limits."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind (0.0.0.0 in containers)."""
+    port: int = Field(ge=0, le=65535)
+    """gRPC port; 0 picks a free one (tests)."""
+    address: str | None = None
+    """How peers dial this service; None: localhost:<port>."""
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    """Prometheus /metrics port; None disables the endpoint, 0 picks a free one."""
+    max_message_mb: int = Field(64, ge=1, le=2047)
+    """Largest gRPC message sent or received, in MiB."""
+    grace_s: float = Field(10.0, ge=0)
+    """Seconds in-flight calls get to finish on SIGTERM."""
+    deadline_s: float = Field(30.0, gt=0)
+    """Deadline of a unary call to this service."""
+
+    @property
+    def dial_address(self) -> str:
+        """Address a client dials to reach this service."""
+        return self.address or f"localhost:{self.port}"
+
+
+class RewardFunctionConfig(Section):
+    """One reward function: a built-in by name or a user function by `module:callable`."""
+
+    name: str
+    """Built-in name (accuracy, think_format, ...) or `package.module:callable`."""
+    weight: float = 1.0
+    """Weight of this function in the summed reward."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Parameters of a built-in factory (e.g. max_len for cosine_scaled)."""
+    alias: str | None = None
+    """Name under which results are reported (rewards/<alias>); None: derived."""
+
+
+class RewardSection(ServiceSection):
+    """The reward service."""
+
+    port: int = Field(50053, ge=0, le=65535)
+    metrics_port: int | None = Field(9103, ge=0, le=65535)
+    num_workers: int = Field(2, ge=1)
+    """Worker processes that run reward code."""
+    call_timeout_s: float = Field(10.0, gt=0)
+    """Deadline of one reward function on one request."""
+    max_queue: int = Field(256, ge=1)
+    """Requests waiting for a worker; beyond it, RESOURCE_EXHAUSTED."""
+    max_items: int = Field(4096, ge=1)
+    """Items in one request; more is INVALID_ARGUMENT."""
+
+
+class RolloutSection(ServiceSection):
+    """The rollout service."""
+
+    port: int = Field(50052, ge=0, le=65535)
+    metrics_port: int | None = Field(9102, ge=0, le=65535)
+    scoring_retries: int = Field(3, ge=0)
+    """Attempts to score a group before it is re-issued later."""
+
+
+class TrainerSection(ServiceSection):
+    """The trainer service."""
+
+    port: int = Field(50051, ge=0, le=65535)
+    metrics_port: int | None = Field(9101, ge=0, le=65535)
+    weight_transport: Literal["auto", "http", "shared_path", "nccl"] = "auto"
+    """How weights reach vLLM: auto picks nccl on GPU, http on CPU."""
+    shared_weights_dir: Path | None = None
+    """Folder vLLM can read, for the shared_path transport."""
+    metrics_jsonl: Path | None = None
+    """Step metrics file; None: <output_dir>/metrics.jsonl."""
+
+
+class DatasetConfig(Section):
+    """The prompt dataset, loaded with `datasets.load_dataset`."""
+
+    path: str | None = None
+    """Hub id, local folder, or a builder name (json, csv, parquet) with data_files."""
+    name: str | None = None
+    """Dataset configuration name."""
+    split: str = "train"
+    """Split to train on."""
+    data_files: str | list[str] | dict[str, Any] | None = None
+    """Files for the json/csv/parquet builders."""
+    load_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Other `load_dataset` keyword arguments."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt (text or messages)."""

@@ -1,0 +1,67 @@
+"""Shared pytest fixtures: a cached tiny model and one vLLM server per session.
+
+Markers: ``vllm`` (needs the real vLLM server from .venv-vllm), ``slow``, ``gpu``,
+``e2e``. Deselect the server-backed tests with ``-m "not vllm"``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# Before torch is imported anywhere: on 2 cores the vLLM engine pins one core,
+# so keep the test process's torch from oversubscribing the machine.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `from vllm_server import ...`
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from vllm_server import VLLMServer  # noqa: E402
+
+# Built models are cached across runs (they are deterministic, and keyed by a marker
+# file holding their parameters). Set AGRPO_TINY_MODEL_CACHE to move the cache.
+TINY_CACHE = Path(os.environ.get("AGRPO_TINY_MODEL_CACHE") or REPO_ROOT / ".cache" / "tiny-model")
+
+MARKERS = {
+    "vllm": "needs the real vLLM server subprocess (.venv-vllm)",
+    "slow": "takes more than a few seconds",
+    "gpu": "needs a CUDA GPU",
+    "e2e": "end-to-end test across the services",
+}
+
+
+def pytest_configure(config):
+    for name, doc in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory():
+    """``tiny_model_factory(seed) -> Path``: the tiny model for that seed (built once)."""
+    from services.common.tiny_model import make_tiny_model
+
+    return lambda seed=0: make_tiny_model(TINY_CACHE / f"seed{seed}", seed=seed)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_model_factory) -> Path:
+    return tiny_model_factory(0)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir):
+    """One vLLM server for the whole session, serving the seed-0 tiny model.
+
+    Tests that change its state (weights, pause) must restore it before returning.
+    """
+    server = VLLMServer(tiny_model_dir).start()
+    print(f"\n[vllm_server] healthy after {server.startup_s:.1f} s, log: {server.log_path}")
+    try:
+        yield server
+    finally:
+        server.stop()
