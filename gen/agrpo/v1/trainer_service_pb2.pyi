@@ -73,6 +73,12 @@ class WatchPolicyRequest(_message.Message):
     watcher_id: str
     def __init__(self, watcher_id: _Optional[str] = ...) -> None: ...
 
+class WatchPolicyResponse(_message.Message):
+    __slots__ = ("policy",)
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    policy: _common_pb2.PolicyVersion
+    def __init__(self, policy: _Optional[_Union[_common_pb2.PolicyVersion, _Mapping]] = ...) -> None: ...
+
 class GetResumePointRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -45,7 +45,7 @@ class TrainerServiceStub:
         self.WatchPolicy = channel.unary_stream(
                 '/agrpo.v1.TrainerService/WatchPolicy',
                 request_serializer=agrpo_dot_v1_dot_trainer__service__pb2.WatchPolicyRequest.SerializeToString,
-                response_deserializer=agrpo_dot_v1_dot_common__pb2.PolicyVersion.FromString,
+                response_deserializer=agrpo_dot_v1_dot_trainer__service__pb2.WatchPolicyResponse.FromString,
                 _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/agrpo.v1.TrainerService/Heartbeat',
@@ -117,7 +117,7 @@ def add_TrainerServiceServicer_to_server(servicer, server):
             'WatchPolicy': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchPolicy,
                     request_deserializer=agrpo_dot_v1_dot_trainer__service__pb2.WatchPolicyRequest.FromString,
-                    response_serializer=agrpo_dot_v1_dot_common__pb2.PolicyVersion.SerializeToString,
+                    response_serializer=agrpo_dot_v1_dot_trainer__service__pb2.WatchPolicyResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -190,7 +190,7 @@ class TrainerService:
             target,
             '/agrpo.v1.TrainerService/WatchPolicy',
             agrpo_dot_v1_dot_trainer__service__pb2.WatchPolicyRequest.SerializeToString,
-            agrpo_dot_v1_dot_common__pb2.PolicyVersion.FromString,
+            agrpo_dot_v1_dot_trainer__service__pb2.WatchPolicyResponse.FromString,
             options,
             channel_credentials,
             insecure,
