@@ -20,7 +20,7 @@ Optimizer = Literal["adamw_torch_fused", "adamw_torch", "adamw", "sgd", "adafact
 class GRPOArgs(BaseModel):
     """Training, generation and pipeline parameters shared by the three services."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
     # Model
     model_init_kwargs: dict[str, Any] | None = None

@@ -121,3 +121,10 @@ def test_cli_help_does_not_import_heavy_modules():
             "print(sorted(m for m in ('torch','transformers','datasets','grpc') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().endswith("[]"), out.stdout + out.stderr
+
+
+def test_config_reference_is_up_to_date():
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, str(root / "scripts" / "gen_config_docs.py"), "--check"],
+                          capture_output=True, text=True, timeout=60, cwd=root)
+    assert proc.returncode == 0, proc.stderr
