@@ -103,11 +103,17 @@ class RewardSection(ServiceSection):
     num_workers: int = Field(2, ge=1)
     """Worker processes that run reward code."""
     call_timeout_s: float = Field(10.0, gt=0)
-    """Deadline of one reward function on one request."""
+    """Deadline of one reward function on one request; past it the worker is killed."""
     max_queue: int = Field(256, ge=1)
-    """Requests waiting for a worker; beyond it, RESOURCE_EXHAUSTED."""
+    """Requests admitted beyond num_workers (waiting for a worker); more is RESOURCE_EXHAUSTED."""
     max_items: int = Field(4096, ge=1)
     """Items in one request; more is INVALID_ARGUMENT."""
+    start_method: Literal["forkserver", "spawn"] = "forkserver"
+    """How worker processes start; forkserver preloads math-verify so a replacement is quick."""
+    worker_start_timeout_s: float = Field(120.0, gt=0)
+    """Time a worker gets to import and build the reward functions."""
+    offer_builtins: bool = True
+    """Also offer the parameter-free built-ins not in reward_funcs, to callers that name them."""
 
 
 class RolloutSection(ServiceSection):
@@ -117,6 +123,30 @@ class RolloutSection(ServiceSection):
     metrics_port: int | None = Field(9102, ge=0, le=65535)
     scoring_retries: int = Field(3, ge=0)
     """Attempts to score a group before it is re-issued later."""
+    scoring_deadline_s: float = Field(60.0, gt=0)
+    """Deadline of one Score call to the reward service."""
+    scoring_concurrency: int = Field(4, ge=1)
+    """Groups scored at the same time (scoring runs off the generation path)."""
+    reissue_delay_s: float = Field(5.0, ge=0)
+    """Wait before re-issuing a prompt whose scoring kept failing."""
+    generate_endpoint: Literal["auto", "generate", "completions"] = "auto"
+    """vLLM route: auto prefers /inference/v1/generate (per-token weight versions)."""
+    min_vllm_version: str = "0.22.0"
+    """Oldest vLLM accepted: older servers lack the RL API (native 4-phase weight sync)."""
+    request_retries: int = Field(3, ge=1)
+    """Attempts (on any server) for one generation request before its group is re-issued."""
+    server_backoff_s: float = Field(1.0, gt=0)
+    """First back-off of a failing vLLM server; doubles while it keeps failing."""
+    server_backoff_max_s: float = Field(30.0, gt=0)
+    """Longest back-off of a failing vLLM server."""
+    trainer_reconnect_s: float = Field(0.5, gt=0)
+    """First back-off before reconnecting to the trainer; doubles up to 10 s."""
+    heartbeat_interval_s: float = Field(5.0, gt=0)
+    """Seconds between heartbeats to the trainer."""
+    max_epochs: int | None = Field(None, ge=1)
+    """Passes over the dataset to issue; None: ceil(num_train_epochs), unbounded with max_steps."""
+    send_text: bool = True
+    """Put decoded prompt and completion text in samples (for log_completions)."""
 
 
 class TrainerSection(ServiceSection):
@@ -130,6 +160,18 @@ class TrainerSection(ServiceSection):
     """Folder vLLM can read, for the shared_path transport."""
     metrics_jsonl: Path | None = None
     """Step metrics file; None: <output_dir>/metrics.jsonl."""
+    sync_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype of weights on the wire (send the server's dtype); auto: the training dtype."""
+    http_chunk_mb: int = Field(64, ge=1)
+    """Largest safetensors chunk per /update_weights call (http transport), in MiB."""
+    max_samples_per_micro_batch: int | None = Field(None, ge=1)
+    """Close a micro-batch after this many samples; None: only the token budget closes it (TRL)."""
+    idle_flush_s: float = Field(5.0, gt=0)
+    """Train what is open after this long without a new sample (epoch tails, slow producers)."""
+    reconcile_interval_s: float = Field(10.0, gt=0)
+    """While idle, how often to check vLLM weight labels and re-sync restarted servers."""
+    peak_tflops: float | None = Field(None, gt=0)
+    """Accelerator peak TFLOP/s for perf/mfu; None: MFU not logged."""
 
 
 class DatasetConfig(Section):

@@ -1,0 +1,164 @@
+"""Start and stop a real vLLM OpenAI server (from ``.venv-vllm``): tests and the demo.
+
+Why a subprocess: vLLM lives in its own venv (its pins clash with the project's),
+and it spawns EngineCore/worker children, so we run it in its own process group
+and tear the whole group down by PID. Start-up takes ~20-30 s on 2 CPU cores, so
+tests share one server per session (see ``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def vllm_python() -> Path:
+    """The vLLM venv's interpreter; override with AGRPO_VLLM_PYTHON."""
+    return Path(os.environ.get("AGRPO_VLLM_PYTHON") or REPO_ROOT / ".venv-vllm" / "bin" / "python")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VLLMServer:
+    """``with VLLMServer(model_dir) as srv: srv.post_json("/v1/completions", {...})``."""
+
+    # Settings that make a tiny fp32 model behave (and start fast) on CPU. The
+    # processed_logprobs mode returns logprobs of the distribution actually sampled
+    # from (after temperature), which is what GRPO importance ratios need.
+    BASE_ARGS = (
+        "--max-model-len", "512", "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
+        "--enforce-eager",  # skip torch.compile: ~25 s instead of ~60 s start-up
+        "--kv-cache-memory-bytes", "134217728",  # 128 MiB
+        "--enable-scale-out",  # enables /inference/v1/generate (per-token weight_versions)
+        "--weight-transfer-config", '{"backend":"cpu_http"}',  # our plugin (vllm_plugin/)
+    )
+
+    def __init__(self, model_dir, port: int | None = None, extra_args=(), startup_timeout: float = 240.0):
+        self.model_dir = str(model_dir)
+        self.model_name = self.model_dir  # vLLM's default served model name is the path
+        self.port = port or free_port()
+        self.extra_args = tuple(extra_args)
+        self.startup_timeout = startup_timeout
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.workdir = Path(tempfile.mkdtemp(prefix="agrpo-vllm-"))
+        self.log_path = self.workdir / "server.log"
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    def command(self) -> list[str]:
+        # `python -m vllm.entrypoints.cli.main` == the `vllm` console script; it
+        # needs the "vllm" dist-info shim that scripts/setup_env.sh installs.
+        return [str(vllm_python()), "-m", "vllm.entrypoints.cli.main", "serve", self.model_dir,
+                "--host", "127.0.0.1", "--port", str(self.port), *self.BASE_ARGS, *self.extra_args]
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-memory-bytes
+        env.update(HF_HUB_OFFLINE="1", VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1",
+                   OMP_NUM_THREADS="1", VLLM_CACHE_ROOT=str(self.workdir / "cache"))
+        return env
+
+    def start(self) -> "VLLMServer":
+        if not vllm_python().exists():
+            raise RuntimeError(f"{vllm_python()} not found; run scripts/setup_env.sh (or set AGRPO_VLLM_PYTHON)")
+        t0 = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.command(), env=self.env(), cwd=self.workdir, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)  # own process group for stop()
+        try:
+            self._wait_healthy(t0 + self.startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vLLM not healthy after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(deque(f, maxlen=n))
+        except OSError:
+            return "<no log>"
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM the server by PID, then SIGKILL whatever is left of its process group.
+
+        Only the API server gets SIGTERM: it shuts EngineCore/worker down itself
+        (signalling the whole group at once makes the engine die first, so the API
+        server logs a spurious traceback). Its children, e.g. multiprocessing's
+        resource tracker that unlinks shared memory, get a moment to exit on their own.
+        """
+        if self.proc is None:
+            return
+        pgid = self.proc.pid  # == the group id, thanks to start_new_session
+        deadline = time.monotonic() + grace
+        try:
+            self.proc.terminate()
+            self.proc.wait(timeout=grace)
+            while time.monotonic() < deadline:
+                os.killpg(pgid, 0)  # raises ProcessLookupError once the group is empty
+                time.sleep(0.1)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+        self.proc = None
+        shutil.rmtree(self.workdir / "cache", ignore_errors=True)  # keep server.log for debugging
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # Small JSON helpers (stdlib only, so tests need no HTTP client dependency).
+    def request(self, method: str, path: str, body=None, timeout: float = 120.0):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base_url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                raw = r.read()
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{method} {path} -> {e.code}: {e.read()[:2000]!r}") from None
+        return json.loads(raw) if raw else None
+
+    def get_json(self, path: str, **kw):
+        return self.request("GET", path, **kw)
+
+    def post_json(self, path: str, body=None, **kw):
+        return self.request("POST", path, {} if body is None else body, **kw)

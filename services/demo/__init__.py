@@ -1,0 +1,1 @@
+"""`agrpo demo`: the whole system on one machine, learning a small task in minutes."""

@@ -1,0 +1,84 @@
+"""Service processes the demo starts, watches and always stops (Ctrl-C included)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+
+class ServiceProcess:
+    """One `agrpo <service>` process in its own process group, logging to a file."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                    "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "AGRPO_LOG_FORMAT": "json",
+                    **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ServiceProcess":
+        """Start in a new session so stop() can reach every child."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_healthy(self, address: str, service: str, timeout_s: float) -> None:
+        """Poll gRPC health until SERVING; raise with the log tail if it dies or times out."""
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if not self.alive():
+                    raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}")
+                try:
+                    status = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.5)
+        raise TimeoutError(f"{self.name} not SERVING after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 30) -> str:
+        """The last lines of the process log."""
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(deque(f, maxlen=n))
+        except OSError:
+            return "<no log>"
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM (graceful), then SIGKILL the whole group after grace_s."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.terminate()
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+
+def agrpo_argv(service: str, config_path: Path, *flags: str) -> list[str]:
+    """The command line of one service, run by this interpreter."""
+    return [sys.executable, "-m", "services.cli", service, "--config", str(config_path), *flags]
