@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test protos lint-protos
+.PHONY: setup test demo protos lint-protos
 
 setup:
 	bash scripts/setup_env.sh
@@ -15,8 +15,14 @@ setup:
 test: setup
 	$(PY) -m pytest -q
 
+demo: setup
+	.venv/bin/agrpo demo $(DEMO_ARGS)
+
 protos: setup
 	$(PY) scripts/gen_protos.py
 
-lint-protos: setup
+lint-demo: setup
+	.venv/bin/agrpo demo $(DEMO_ARGS)
+
+protos: setup
 	bash scripts/setup_env.sh tools && .cache/tools/node_modules/.bin/buf lint

@@ -13,6 +13,7 @@ COMMANDS = {
     "reward": ("services.reward.server", "Serve the reward API (RewardService)."),
     "rollout": ("services.rollout.server", "Generate with vLLM, score, stream samples to the trainer."),
     "trainer": ("services.trainer.server", "Train on samples, sync weights into vLLM, publish versions."),
+    "demo": ("services.demo.cli", "Run the whole system locally and train a small task (see --help)."),
 }
 
 USAGE = """usage: agrpo <command> [--config FILE] [--key value ...]
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"agrpo: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    if command == "demo":  # its own options, not config keys
+        return int(importlib.import_module(COMMANDS[command][0]).main(rest) or 0)
     if any(a in ("-h", "--help") for a in rest):
         print(f"agrpo {command}: {COMMANDS[command][1]}\n\n{_usage()}")
         return 0
