@@ -172,6 +172,10 @@ class TrainerSection(ServiceSection):
     """While idle, how often to check vLLM weight labels and re-sync restarted servers."""
     peak_tflops: float | None = Field(None, gt=0)
     """Accelerator peak TFLOP/s for perf/mfu; None: MFU not logged."""
+    forward: Literal["auto", "tree", "unpacked"] = "auto"
+    """Training forward: tree (prefix-tree rows, ancestor mask) or unpacked (one padded row per
+    sample; same loss). auto: tree on GPU, unpacked on CPU, where the dense tree mask costs more
+    than the shared prompt saves."""
 
 
 class DatasetConfig(Section):

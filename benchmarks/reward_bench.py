@@ -1,0 +1,184 @@
+"""Reward service throughput and latency vs TRL's in-process scoring, in one run.
+
+Scores synthetic groups (G completions ending in \\boxed{answer}, about half right) with
+the `accuracy` built-in at a few concurrency levels, two ways:
+
+- service:  Score RPCs to `agrpo reward` started as a subprocess (real gRPC over a
+            socket, worker processes, math-verify timeouts on, per-call deadline);
+- trl-like: the same built-in called in this process the way TRL's async rollout worker
+            does it, `await asyncio.to_thread(fn, **kwargs)` (math-verify timeouts off).
+
+`--style gsm8k` (default) gives GSM8K-like worked answers with integer results;
+`--style latex` gives fractions and radicals written differently from the gold answer,
+which makes math-verify do real symbolic work. Every measured run uses fresh texts
+(math-verify caches parses). Prints one table: scores/s, request p50 and p99 latency.
+Speed depends on the machine, so this is a script, not a test:
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/reward_bench.py [--style latex] [--requests 96]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from agrpo.v1 import reward_service_pb2 as pb  # noqa: E402
+from agrpo.v1 import reward_service_pb2_grpc as reward_grpc  # noqa: E402
+from google.protobuf import struct_pb2  # noqa: E402
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+
+from services.common.channels import open_channel  # noqa: E402
+from services.reward.builtins import Accuracy  # noqa: E402
+
+SERVICE = "agrpo.v1.RewardService"
+NAMES = ["Natalia", "Weng", "Betty", "Julie", "James", "Mark", "Albert", "Ken"]
+
+
+def gsm8k_group(rng: random.Random, size: int) -> tuple[list[str], list[str]]:
+    """One GSM8K-like problem: G worked answers and the gold integer."""
+    a, b = rng.randint(2, 9999), rng.randint(2, 9999)
+    gold = a * 2 + b
+    completions = []
+    for _ in range(size):
+        answer = gold if rng.random() < 0.5 else gold + rng.choice([-10, -1, 1, 2, 12])
+        completions.append(
+            f"{rng.choice(NAMES)} sold {a} clips in April and twice as many in May, so "
+            f"{a} * 2 = {a * 2}. Adding the {b} from June gives {a * 2} + {b} = {answer}. "
+            f"The answer is $\\boxed{{{answer}}}$.")
+    return completions, [str(gold)] * size
+
+
+def latex_group(rng: random.Random, size: int) -> tuple[list[str], list[str]]:
+    """One problem with a symbolic gold answer; right answers are written differently."""
+    p, q, k = rng.randint(1, 97), rng.randint(2, 97), rng.randint(2, 9)
+    gold = f"\\frac{{{p}}}{{{q}}} + \\sqrt{{{k * k * 2}}}"
+    right = [f"\\frac{{{p * k}}}{{{q * k}}} + {k}\\sqrt{{2}}", f"{k}\\sqrt{{2}} + \\frac{{{p}}}{{{q}}}"]
+    wrong = [f"\\frac{{{p + 1}}}{{{q}}} + {k}\\sqrt{{2}}", f"\\frac{{{p}}}{{{q}}} + {k}\\sqrt{{3}}"]
+    completions = [f"Simplifying the radical, the result is $\\boxed{{"
+                   f"{rng.choice(right if rng.random() < 0.5 else wrong)}}}$."
+                   for _ in range(size)]
+    return completions, [f"${gold}$"] * size
+
+
+def make_requests(style: str, n: int, size: int, seed: int) -> list[tuple[list[str], list[str]]]:
+    rng = random.Random(seed)
+    group = gsm8k_group if style == "gsm8k" else latex_group
+    return [group(rng, size) for _ in range(n)]
+
+
+def to_proto(completions: list[str], solutions: list[str]) -> pb.ScoreRequest:
+    req = pb.ScoreRequest(functions=[pb.RewardFunctionRef(name="accuracy_reward")])
+    for completion, solution in zip(completions, solutions):
+        it = req.items.add(completion=pb.Text(text=completion))
+        it.columns["solution"].CopyFrom(struct_pb2.Value(string_value=solution))
+    return req
+
+
+async def drive(requests: list, concurrency: int, call) -> tuple[float, list[float]]:
+    """Run `call(req)` over all requests with `concurrency` callers; wall time, latencies."""
+    pending = list(requests)
+    latencies: list[float] = []
+
+    async def caller() -> None:
+        while pending:
+            req = pending.pop()
+            start = time.perf_counter()
+            await call(req)
+            latencies.append(time.perf_counter() - start)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return time.perf_counter() - start, latencies
+
+
+def row(mode: str, concurrency: int, items: int, wall: float, lat: list[float]) -> str:
+    lat = sorted(lat)
+    p50 = statistics.median(lat) * 1000
+    p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))] * 1000
+    return f"| {mode:<8} | {concurrency:>11} | {items / wall:>9.1f} | {p50:>8.1f} | {p99:>8.1f} |"
+
+
+def start_server(workers: int) -> tuple[subprocess.Popen, int]:
+    """`agrpo reward` on a free port; returns once it reports SERVING."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "reward", "--reward.port", str(port),
+         "--reward.metrics_port", "null", "--reward.num_workers", str(workers),
+         "--reward.max_queue", "1024", "--reward_funcs", json.dumps([{"name": "accuracy"}])],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import grpc
+
+    with grpc.insecure_channel(f"localhost:{port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for _ in range(600):
+            try:
+                if health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=1).status \
+                        == health_pb2.HealthCheckResponse.SERVING:
+                    return proc, port
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("agrpo reward did not start")
+
+
+async def main(args: argparse.Namespace) -> None:
+    proc, port = start_server(args.workers)
+    channel = open_channel(f"localhost:{port}", [SERVICE], deadline_s=120)
+    stub = reward_grpc.RewardServiceStub(channel)
+    protos: dict[int, pb.ScoreRequest] = {}
+    accuracy = Accuracy()  # TRL's calling path: timeouts are turned off in the thread
+
+    async def via_service(req) -> None:
+        await stub.Score(protos[id(req)])
+
+    async def trl_like(req) -> None:
+        await asyncio.to_thread(accuracy, completions=req[0], solution=req[1])
+
+    try:
+        warmup = make_requests(args.style, 4, args.group, seed=-1)
+        protos.update({id(r): to_proto(*r) for r in warmup})
+        await drive(warmup, 2, via_service)  # warm up both paths
+        await drive(warmup, 2, trl_like)
+        items = args.requests * args.group
+        print(f"accuracy_reward, style={args.style}, {args.requests} requests x {args.group} items, "
+              f"{args.workers} workers, {os.cpu_count()} CPUs")
+        print("| mode     | concurrency | scores/s | p50 ms   | p99 ms   |")
+        print("|----------|-------------|----------|----------|----------|")
+        seed = 0
+        for concurrency in args.concurrency:
+            for mode, call in (("service", via_service), ("trl-like", trl_like)):
+                seed += 1
+                requests = make_requests(args.style, args.requests, args.group, seed)
+                protos.update({id(r): to_proto(*r) for r in requests})
+                wall, lat = await drive(requests, concurrency, call)
+                print(row(mode, concurrency, items, wall, lat), flush=True)
+    finally:
+        await channel.close()
+        proc.terminate()
+        proc.wait(30)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--style", choices=["gsm8k", "latex"], default="gsm8k")
+    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    asyncio.run(main(parser.parse_args()))

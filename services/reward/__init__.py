@@ -1,0 +1,1 @@
+"""The reward service: scores completions with reward functions over gRPC (RewardService)."""

@@ -1,0 +1,226 @@
+"""A pool of reward worker processes with a per-call deadline.
+
+Each worker runs one call at a time. A call that outlives its deadline gets its worker
+SIGKILLed and replaced; a worker that dies mid-call (crash, OOM kill, SIGKILL) fails
+that call with a reason and is replaced. Either way the pool keeps serving.
+
+Pipe I/O is blocking, so each worker has one thread of a private executor driving it;
+the event loop only awaits futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing as mp
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from services.common.logging import get_logger
+
+from .registry import FunctionInfo, FunctionSpec
+from .worker import worker_main
+
+log = get_logger("reward.pool")
+
+# Preloaded once by the forkserver, so a replacement worker starts in milliseconds.
+_PRELOAD = ["services.reward.worker", "services.reward.builtins", "math_verify",
+            "latex2sympy2_extended"]
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """How one function call went: status "ok" (values set), "failed" or "timeout"."""
+
+    status: str
+    values: list[float | None] | None = None
+    reason: str = ""
+    elapsed_s: float = 0.0
+
+
+class WorkerStartError(RuntimeError):
+    """A worker could not load the reward functions (bad config or import error)."""
+
+
+class _Worker:
+    """One worker process and the parent's end of its pipe; used from one thread only."""
+
+    def __init__(self, ctx: Any, specs: list[FunctionSpec], start_timeout_s: float) -> None:
+        self._ctx, self._specs, self._start_timeout_s = ctx, specs, start_timeout_s
+        self._ids = itertools.count()
+        self.process: Any = None
+        self.conn: Any = None
+
+    def start(self) -> list[FunctionInfo]:
+        """Spawn the process and wait for its list of loaded functions."""
+        parent, child = self._ctx.Pipe(duplex=True)
+        process = self._ctx.Process(target=worker_main, args=(child, self._specs, list(sys.path)),
+                                    name="agrpo-reward-worker", daemon=True)
+        process.start()
+        child.close()
+        self.process, self.conn = process, parent
+        if not parent.poll(self._start_timeout_s):
+            self.kill()
+            raise WorkerStartError(f"worker did not start within {self._start_timeout_s:.0f}s")
+        try:
+            kind, payload = parent.recv()
+        except (EOFError, OSError):
+            code = self.kill()
+            raise WorkerStartError(f"worker exited during start (exit code {code})") from None
+        if kind != "ready":
+            self.kill()
+            raise WorkerStartError(payload)
+        return payload
+
+    def kill(self) -> int | None:
+        """SIGKILL (no-op when already dead), reap, close the pipe; return the exit code."""
+        if self.process is None:
+            return None
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5)
+        code = self.process.exitcode
+        self.conn.close()
+        self.process = None
+        return code
+
+    def call(self, index: int, kwargs: dict[str, Any], timeout_s: float) -> CallOutcome:
+        """Run one call under a deadline; on any outcome but a reply, the worker is dead."""
+        call_id = next(self._ids)
+        start = time.monotonic()
+        try:
+            self.conn.send((call_id, index, kwargs))
+        except (OSError, EOFError):
+            return self._died(start)
+        deadline = start + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                return CallOutcome("timeout", reason=f"no result within {timeout_s:g}s; worker "
+                                   "killed and replaced", elapsed_s=time.monotonic() - start)
+            try:
+                ready = self.conn.poll(min(remaining, 1.0))
+                reply = self.conn.recv() if ready else None
+            except (EOFError, OSError):
+                return self._died(start)
+            if reply is not None:
+                reply_id, ok, payload = reply
+                if reply_id != call_id:
+                    continue  # a stale reply cannot happen (one call at a time); be safe
+                elapsed = time.monotonic() - start
+                if ok:
+                    return CallOutcome("ok", values=payload, elapsed_s=elapsed)
+                return CallOutcome("failed", reason=f"raised {payload}", elapsed_s=elapsed)
+
+    def _died(self, start: float) -> CallOutcome:
+        code = self.kill()
+        return CallOutcome("failed", reason=f"worker process died during the call (exit code "
+                           f"{code}); replaced", elapsed_s=time.monotonic() - start)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+
+@dataclass
+class _Job:
+    index: int
+    kwargs: dict[str, Any]
+    timeout_s: float
+    future: asyncio.Future
+
+
+class WorkerPool:
+    """`num_workers` processes fed from one job queue; `run()` scores one function call."""
+
+    def __init__(self, specs: list[FunctionSpec], num_workers: int, start_method: str = "forkserver",
+                 start_timeout_s: float = 60.0,
+                 on_event: Callable[[str, int], None] | None = None) -> None:
+        self._ctx = mp.get_context(start_method)
+        if start_method == "forkserver":
+            self._ctx.set_forkserver_preload(_PRELOAD)
+        self._workers = [_Worker(self._ctx, specs, start_timeout_s) for _ in range(num_workers)]
+        self._executor = ThreadPoolExecutor(num_workers, thread_name_prefix="reward-pool")
+        self._jobs: asyncio.Queue[_Job] = asyncio.Queue()
+        self._runners: list[asyncio.Task] = []
+        self._on_event = on_event or (lambda event, value: None)
+        self.busy = 0
+
+    async def start(self) -> list[FunctionInfo]:
+        """Start every worker; return the functions they loaded (WorkerStartError if not)."""
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.gather(*(loop.run_in_executor(self._executor, w.start)
+                                           for w in self._workers))
+        except BaseException:
+            await self.close()
+            raise
+        self._runners = [asyncio.create_task(self._run_worker(w)) for w in self._workers]
+        return infos[0]
+
+    @property
+    def queue_depth(self) -> int:
+        """Calls waiting for a free worker."""
+        return self._jobs.qsize()
+
+    async def run(self, index: int, kwargs: dict[str, Any], timeout_s: float) -> CallOutcome:
+        """Queue one call of function `index`; resolve when a worker has answered."""
+        job = _Job(index, kwargs, timeout_s, asyncio.get_running_loop().create_future())
+        self._jobs.put_nowait(job)
+        self._on_event("queue_depth", self._jobs.qsize())
+        return await job.future
+
+    async def _run_worker(self, worker: _Worker) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            job = await self._jobs.get()
+            self._on_event("queue_depth", self._jobs.qsize())
+            if job.future.cancelled():
+                continue
+            self.busy += 1
+            self._on_event("busy", self.busy)
+            try:
+                outcome = await loop.run_in_executor(
+                    self._executor, worker.call, job.index, job.kwargs, job.timeout_s)
+            finally:
+                self.busy -= 1
+                self._on_event("busy", self.busy)
+            if not job.future.done():
+                job.future.set_result(outcome)
+            if not worker.alive:
+                await self._replace(worker, outcome.status)
+
+    async def _replace(self, worker: _Worker, cause: str) -> None:
+        """Start a fresh process in place of a dead one, retrying until it comes up."""
+        loop = asyncio.get_running_loop()
+        self._on_event(f"restart_{cause}", 1)
+        delay = 0.5
+        while True:
+            try:
+                await loop.run_in_executor(self._executor, worker.start)
+                log.warning("replaced a reward worker (%s)", cause)
+                return
+            except WorkerStartError:
+                log.exception("could not replace a reward worker; retrying in %.1fs", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def close(self) -> None:
+        """Stop the runners and the processes (asking politely first)."""
+        for task in self._runners:
+            task.cancel()
+        await asyncio.gather(*self._runners, return_exceptions=True)
+        for worker in self._workers:
+            if worker.alive:
+                try:
+                    worker.conn.send(None)
+                except OSError:
+                    pass
+                worker.process.join(1)
+            worker.kill()
+        self._executor.shutdown(wait=False, cancel_futures=True)
