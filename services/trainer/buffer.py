@@ -1,0 +1,72 @@
+"""The bounded sample buffer between PushSamples and the training loop.
+
+Holds at most `capacity` samples (queue_maxsize), in arrival order, and knows every
+buffered id so a re-sent sample is a duplicate. Staleness is judged at consumption
+(`pop_fresh`), against the trainer's version at that moment, as TRL does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from .sample import Sample
+
+
+def is_stale(sample: Sample, version: int, max_staleness: int) -> bool:
+    """trainer_version - sample.policy_version > max_staleness."""
+    return version - sample.policy_version > max_staleness
+
+
+class SampleBuffer:
+    """FIFO of samples with an id index and an event for waiters (event-loop only)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._queue: deque[Sample] = deque()
+        self._ids: set[str] = set()
+        self._nonempty = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __contains__(self, sample_id: str) -> bool:
+        return sample_id in self._ids
+
+    @property
+    def free(self) -> int:
+        return self.capacity - len(self._queue)
+
+    def put(self, sample: Sample) -> None:
+        """Append; the caller checked duplicates and credit (so there is room)."""
+        if len(self._queue) >= self.capacity:
+            raise OverflowError("sample buffer full: producer sent without credit")
+        self._queue.append(sample)
+        self._ids.add(sample.sample_id)
+        self._nonempty.set()
+
+    def pop(self) -> Sample | None:
+        if not self._queue:
+            return None
+        sample = self._queue.popleft()
+        self._ids.discard(sample.sample_id)
+        if not self._queue:
+            self._nonempty.clear()
+        return sample
+
+    def pop_fresh(self, version: int, max_staleness: int) -> tuple[Sample | None, list[Sample]]:
+        """Next non-stale sample (or None) and the stale ones skipped on the way."""
+        stale = []
+        while (sample := self.pop()) is not None:
+            if not is_stale(sample, version, max_staleness):
+                return sample, stale
+            stale.append(sample)
+        return None, stale
+
+    async def wait_nonempty(self, timeout: float | None) -> bool:
+        """Wait until a sample is buffered; False on timeout."""
+        try:
+            await asyncio.wait_for(self._nonempty.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False

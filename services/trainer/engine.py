@@ -1,0 +1,200 @@
+"""Forward/backward of packed micro-batches and the optimizer step (blocking; run in a thread).
+
+Tree forward: a row's unique tokens go through the decoder once, with RoPE positions
+= trie depth and attention restricted to each token's ancestors (its own sample's
+prefix). On GPU with a flash-attention varlen kernel this is the gathered-K/V tree
+attention over `tree_kv_index`; the path implemented here passes the same relation as
+a dense boolean [N, N] mask to SDPA, which is exact on every device (CPU included)
+and costs O(N^2) mask memory. The unpacked path forwards each sample as its own padded
+row; both give the same per-term logprobs (tests/unit/trainer/test_engine.py).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from .loss import LossConfig, chunked_logprobs, normalised_loss, per_term_loss, policy_stats
+from .packing import MicroBatch, PackedRow
+
+
+def ancestor_mask(parent: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """[N, N] bool: token i may attend to j iff j is i or one of its trie ancestors."""
+    n = len(parent)
+    allow = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parent):  # pre-order: a parent's row is complete before its children
+        if p >= 0:
+            allow[i] |= allow[p]
+    return allow.to(device)
+
+
+def _decoder(model):
+    return getattr(model, model.base_model_prefix)
+
+
+def _moe_aux(model):
+    """(load_balancing_loss_func, num_experts, top_k) for MoE models, else None."""
+    import sys
+
+    cfg = model.config
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    fn = getattr(sys.modules.get(type(model).__module__), "load_balancing_loss_func", None)
+    if not experts or fn is None:
+        return None
+    return fn, experts, getattr(cfg, "num_experts_per_tok", 2)
+
+
+@dataclass
+class EngineConfig:
+    """Loss settings plus how the forward runs."""
+
+    loss: LossConfig
+    max_grad_norm: float = 1.0
+    tree: bool = True
+    vocab_chunk: int = 32768
+    autocast: torch.dtype | None = None
+    router_aux_loss_coef: float | None = None  # None: the model config's coefficient
+
+
+class Engine:
+    """Owns the model and optimizer; `train_step` runs one optimizer step."""
+
+    def __init__(self, model, optimizer, scheduler, cfg: EngineConfig) -> None:
+        self.model, self.optimizer, self.scheduler, self.cfg = model, optimizer, scheduler, cfg
+        self.device = next(model.parameters()).device
+        self.moe = _moe_aux(model)
+        self.aux_coef = cfg.router_aux_loss_coef
+        if self.aux_coef is None:
+            self.aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0
+        self.last_aux: torch.Tensor | None = None
+
+    def _autocast(self):
+        if self.cfg.autocast is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.cfg.autocast)
+
+    def row_hidden(self, row: PackedRow, tree: bool | None = None) -> torch.Tensor:
+        """Final hidden states at the row's term positions, [M, H]."""
+        tree = self.cfg.tree if tree is None else tree
+        dev = self.device
+        if tree:
+            ids = torch.tensor([row.input_ids], device=dev)
+            pos = torch.tensor([row.position_ids], device=dev)
+            mask = ancestor_mask(row.parent, dev)[None, None]
+            out = self._decode(input_ids=ids, position_ids=pos, attention_mask=mask)
+            self._router_aux(out, None)
+            return out.last_hidden_state[0][torch.tensor(row.token_index, device=dev)]
+        longest = max(len(s) for s in row.samples)
+        ids = torch.zeros(len(row.samples), longest, dtype=torch.long)
+        att = torch.zeros_like(ids)
+        for i, s in enumerate(row.samples):
+            ids[i, :len(s)] = torch.tensor(s.input_ids)
+            att[i, :len(s)] = 1
+        out = self._decode(input_ids=ids.to(dev), attention_mask=att.to(dev))
+        self._router_aux(out, att.to(dev))
+        hidden = out.last_hidden_state
+        seg = torch.tensor(row.segment_id, device=dev)
+        spos = torch.tensor(row.sample_position, device=dev)
+        return hidden[seg, spos]
+
+    def _decode(self, **inputs):
+        if self.moe is not None:
+            inputs["output_router_logits"] = True
+        return _decoder(self.model)(use_cache=False, **inputs)
+
+    def _router_aux(self, out, mask2d) -> None:
+        """MoE load-balancing loss of this forward (kept for row_loss), as HF computes it."""
+        self.last_aux = None
+        if self.moe is None or getattr(out, "router_logits", None) is None:
+            return
+        fn, experts, top_k = self.moe
+        self.last_aux = fn(out.router_logits, experts, top_k, mask2d)
+
+    def row_logprobs(self, row: PackedRow, tree: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-term log-probabilities of the labels (at temperature) and entropies."""
+        with self._autocast():
+            hidden = self.row_hidden(row, tree)
+        head = self.model.get_output_embeddings()
+        labels = torch.tensor(row.labels, device=self.device)
+        return chunked_logprobs(hidden, head.weight, labels, self.cfg.loss.temperature,
+                                self.cfg.vocab_chunk, getattr(head, "bias", None))
+
+    def row_loss(self, row: PackedRow, global_terms: int, world: int, grad_accum: int = 1):
+        """Normalised loss of one row plus its diagnostics."""
+        logp, entropy = self.row_logprobs(row)
+        dev = self.device
+        old = torch.tensor(row.old_logprobs, device=dev, dtype=torch.float32)
+        adv = torch.tensor(row.advantages, device=dev, dtype=torch.float32)
+        per, _ = per_term_loss(logp, old, adv, self.cfg.loss)
+        # Each row stands for one rank: its loss is averaged over ranks as DDP would.
+        loss = normalised_loss(per, global_terms, world, grad_accum) / world
+        stats = policy_stats(logp.detach(), old, adv, entropy,
+                             torch.tensor(row.segment_id, device=dev), self.cfg.loss)
+        if self.last_aux is not None and self.aux_coef:
+            loss = loss + self.aux_coef * self.last_aux / grad_accum / world
+            stats["aux_loss"] = (float(self.last_aux.detach()), 1.0)
+        return loss, stats
+
+    def train_step(self, batches: list[MicroBatch]) -> dict[str, float]:
+        """Forward/backward every micro-batch, clip, step optimizer and scheduler."""
+        t0 = time.perf_counter()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total_loss, stats = 0.0, {}
+        for mb in batches:
+            world = len(mb.rows)
+            for row in mb.rows:
+                loss, row_stats = self.row_loss(row, mb.num_terms, world, len(batches))
+                loss.backward()
+                total_loss += loss.item()
+                _merge(stats, row_stats)
+        t1 = time.perf_counter()
+        grad_norm = self._clip()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        t2 = time.perf_counter()
+        out = {"loss": total_loss,
+               "grad_norm": grad_norm, "learning_rate": lr,
+               "perf/forward_backward_s": t1 - t0, "perf/optimizer_s": t2 - t1}
+        out.update(_reduce(stats))
+        return out
+
+    def _clip(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        if self.cfg.max_grad_norm and self.cfg.max_grad_norm > 0:
+            return float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
+        return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+
+    @torch.no_grad()
+    def eval_loss(self, batches: list[MicroBatch]) -> float:
+        """The step's loss without updating anything (tests, diagnostics)."""
+        total = 0.0
+        for mb in batches:
+            for row in mb.rows:
+                loss, _ = self.row_loss(row, mb.num_terms, len(mb.rows), len(batches))
+                total += loss.item()
+        return total
+
+
+def _merge(acc: dict, stats: dict) -> None:
+    for k, v in stats.items():
+        if isinstance(v, tuple):
+            num, den = acc.get(k, (0.0, 0.0))
+            acc[k] = (num + v[0], den + v[1])
+        elif k.endswith("_min"):
+            acc[k] = min(acc.get(k, v), v)
+        else:
+            acc[k] = max(acc.get(k, v), v)
+
+
+def _reduce(acc: dict) -> dict[str, float]:
+    out = {}
+    for k, v in acc.items():
+        out[k] = (v[0] / v[1] if v[1] else float("nan")) if isinstance(v, tuple) else v
+    return out

@@ -1,0 +1,149 @@
+"""PushSamples domain logic: producers, credits, dedupe and acknowledgement routing.
+
+Credits: the buffer holds `capacity` samples; a producer may send only as many
+samples as it holds credits. Free slots = capacity - buffered - credits outstanding,
+and free slots are granted as the loop consumes samples. A duplicate or rejected
+sample returns its credit at once; so does a re-send of a sample still waiting to be
+trained, which is acked ACCEPTED again (not DUPLICATE: it is not final yet, and the
+producer must keep it until TRAINED). DUPLICATE means "already trained". Acks go to the producer's *current* stream (by
+producer_id), so a producer that reconnects gets the TRAINED acks of samples it sent
+on an earlier stream. No grpc here: the servicer turns `Outbound` into protos.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from .buffer import SampleBuffer
+from .ledger import Ledger
+from .sample import Ack, Outcome, Sample
+
+ALREADY_PENDING = "already buffered; TRAINED follows"
+
+
+@dataclass
+class Outbound:
+    """One message to a producer: acks, a credit grant, and flags."""
+
+    acks: list[Ack] = field(default_factory=list)
+    credits: int = 0
+    first: bool = False
+    done: bool = False
+
+
+class ProducerStream:
+    """One open PushSamples stream."""
+
+    def __init__(self, producer_id: str) -> None:
+        self.producer_id = producer_id
+        self.outbox: asyncio.Queue[Outbound | None] = asyncio.Queue()
+        self.outstanding = 0  # credits granted and not yet used
+
+    def send(self, msg: Outbound) -> None:
+        self.outbox.put_nowait(msg)
+
+
+class Intake:
+    """Admits samples into the buffer and routes acks and credits (event-loop only)."""
+
+    def __init__(self, buffer: SampleBuffer, ledger: Ledger,
+                 max_tokens: Callable[[], int | None] = lambda: None,
+                 on_event: Callable[[str, Sample | None], None] = lambda kind, s: None) -> None:
+        self.buffer, self.ledger = buffer, ledger
+        self.max_tokens = max_tokens
+        self.on_event = on_event  # metrics hook: ("received"|"duplicate"|"rejected", sample)
+        self.streams: dict[str, ProducerStream] = {}
+        self.pending: set[str] = set()  # accepted, not yet settled (buffered or in a batch)
+        self.done = False
+
+    def open(self, producer_id: str, prompts_per_epoch: int) -> ProducerStream:
+        """A new stream replaces the producer's previous one; grant free slots."""
+        old = self.streams.pop(producer_id, None)
+        if old is not None:
+            old.send(None)
+        if prompts_per_epoch:
+            self.ledger.prompts_per_epoch = prompts_per_epoch
+        stream = ProducerStream(producer_id)
+        self.streams[producer_id] = stream
+        grant = 0 if self.done else self._free()
+        stream.outstanding += grant
+        stream.send(Outbound(credits=grant, first=True, done=self.done))
+        return stream
+
+    def close(self, stream: ProducerStream) -> None:
+        if self.streams.get(stream.producer_id) is stream:
+            del self.streams[stream.producer_id]
+        self.regrant()
+
+    def _free(self) -> int:
+        return max(0, self.buffer.free - sum(s.outstanding for s in self.streams.values()))
+
+    def receive(self, stream: ProducerStream, sample: Sample) -> Outcome:
+        """Admit one sample: ACCEPTED, DUPLICATE (credit back) or REJECTED (credit back)."""
+        stream.outstanding = max(0, stream.outstanding - 1)
+        self.on_event("received", sample)
+        sample.producer_id = sample.producer_id or stream.producer_id
+        outcome, reason = self._judge(sample)
+        resend = reason == ALREADY_PENDING
+        if outcome is Outcome.ACCEPTED and not resend:
+            if self.buffer.free <= 0:
+                outcome, reason = Outcome.REJECTED, "buffer full: sent without credit"
+            else:
+                self.buffer.put(sample)
+                self.pending.add(sample.sample_id)
+        ack = Ack(sample.sample_id, outcome, tuple(sample.prompt_key), reason)
+        credits = 0
+        if outcome is not Outcome.ACCEPTED or resend:
+            kind = {Outcome.DUPLICATE: "duplicate", Outcome.REJECTED: "rejected"}.get(outcome, "resent_pending")
+            self.on_event(kind, sample)
+            credits = 0 if self.done else 1
+            stream.outstanding += credits
+        stream.send(Outbound(acks=[ack], credits=credits))
+        return outcome
+
+    def _judge(self, sample: Sample) -> tuple[Outcome, str]:
+        if self.ledger.is_trained(sample.sample_id):
+            return Outcome.DUPLICATE, "already trained"
+        if sample.sample_id in self.pending:
+            # Not final yet: the producer must keep it until TRAINED, which will reach
+            # its current stream. So ACCEPTED again (credit back), not DUPLICATE.
+            return Outcome.ACCEPTED, ALREADY_PENDING
+        problem = sample.validate()
+        if problem:
+            return Outcome.REJECTED, problem
+        limit = self.max_tokens()
+        if limit and len(sample) > limit:
+            return Outcome.REJECTED, f"oversize: {len(sample)} tokens > {limit}"
+        return Outcome.ACCEPTED, ""
+
+    def settle(self, samples: Iterable[Sample], outcome: Outcome, reason: str = "") -> None:
+        """Route final acks (TRAINED / DROPPED_STALE / REJECTED) to current streams."""
+        by_producer: dict[str, list[Ack]] = {}
+        for s in samples:
+            self.pending.discard(s.sample_id)
+            ack = Ack(s.sample_id, outcome, tuple(s.prompt_key), reason)
+            by_producer.setdefault(s.producer_id, []).append(ack)
+        for producer_id, acks in by_producer.items():
+            stream = self.streams.get(producer_id)
+            if stream is not None:
+                stream.send(Outbound(acks=acks))
+
+    def regrant(self) -> None:
+        """Hand free slots to open streams, fewest outstanding first."""
+        if self.done or not self.streams:
+            return
+        free = self._free()
+        streams = sorted(self.streams.values(), key=lambda s: s.outstanding)
+        for i, stream in enumerate(streams):
+            share = free // len(streams) + (1 if i < free % len(streams) else 0)
+            if share:
+                stream.outstanding += share
+                stream.send(Outbound(credits=share))
+
+    def finish(self) -> None:
+        """Training is over: tell every producer (done=true) and grant nothing more."""
+        self.done = True
+        for stream in self.streams.values():
+            stream.send(Outbound(done=True))

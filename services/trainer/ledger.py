@@ -1,0 +1,82 @@
+"""What has been trained: sample ids (dedupe) and prompt keys (exactly-once per epoch).
+
+Epochs count distinct prompts trained: an epoch is complete when all of its
+`prompts_per_epoch` prompt keys are trained, so forks and re-issues of a prompt do
+not inflate it. A prompt key counts as trained once any of its samples is trained
+(as TRL counts a group). The resume point lists trained keys of unfinished epochs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+
+from .sample import PromptKey, Sample
+
+
+class Ledger:
+    """Trained sample ids and prompt keys; serialisable for checkpoints."""
+
+    def __init__(self, prompts_per_epoch: int = 0) -> None:
+        self.prompts_per_epoch = prompts_per_epoch
+        self.trained_ids: set[str] = set()
+        self.trained_keys: set[PromptKey] = set()
+        self._per_epoch: Counter[int] = Counter()
+
+    def is_trained(self, sample_id: str) -> bool:
+        return sample_id in self.trained_ids
+
+    def record(self, samples: Iterable[Sample]) -> list[PromptKey]:
+        """Mark samples trained; return prompt keys trained for the first time."""
+        new = []
+        for s in samples:
+            self.trained_ids.add(s.sample_id)
+            key = tuple(s.prompt_key)
+            if key not in self.trained_keys:
+                self.trained_keys.add(key)
+                self._per_epoch[key[1]] += 1
+                new.append(key)
+        return new
+
+    @property
+    def prompts_trained(self) -> int:
+        return len(self.trained_keys)
+
+    @property
+    def completed_epochs(self) -> int:
+        """Leading epochs with every prompt trained (0 while prompts_per_epoch is unknown)."""
+        if self.prompts_per_epoch <= 0:
+            return 0
+        e = 0
+        while self._per_epoch.get(e, 0) >= self.prompts_per_epoch:
+            e += 1
+        return e
+
+    def target_prompts(self, num_train_epochs: float) -> int:
+        """Distinct prompt keys to train for `num_train_epochs`; 0 when unknown."""
+        if self.prompts_per_epoch <= 0:
+            return 0
+        return math.ceil(num_train_epochs * self.prompts_per_epoch)
+
+    def reached(self, num_train_epochs: float) -> bool:
+        target = self.target_prompts(num_train_epochs)
+        return target > 0 and self.prompts_trained >= target
+
+    def unfinished_keys(self) -> list[PromptKey]:
+        """Trained keys of epochs not yet complete, sorted (the resume point's list)."""
+        done = self.completed_epochs
+        return sorted(k for k in self.trained_keys if k[1] >= done)
+
+    def to_dict(self) -> dict:
+        return {"prompts_per_epoch": self.prompts_per_epoch, "trained_ids": sorted(self.trained_ids),
+                "trained_keys": sorted(list(k) for k in self.trained_keys)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Ledger":
+        ledger = cls(int(data.get("prompts_per_epoch", 0)))
+        ledger.trained_ids = set(data.get("trained_ids", []))
+        for idx, epoch in data.get("trained_keys", []):
+            ledger.trained_keys.add((int(idx), int(epoch)))
+            ledger._per_epoch[int(epoch)] += 1
+        return ledger

@@ -1,0 +1,289 @@
+"""The training loop: pull_batch -> train_step -> publish_weights -> log_step.
+
+Runs on the event loop; the blocking parts (forward/backward, serialising weights,
+checkpoints) run in a worker thread so PushSamples, WatchPolicy and health stay
+responsive. One optimizer step consumes `gradient_accumulation_steps` micro-batches
+from the planner; a micro-batch also closes when no sample arrived for
+`trainer.idle_flush_s` (the tail of an epoch, or a slow producer), and a step may
+then have fewer micro-batches (the loss is averaged over those it has).
+
+Stops at `max_steps` (> 0) or once ceil(num_train_epochs x prompts_per_epoch)
+distinct prompt keys are trained; then checkpoints (save_strategy="steps") and
+tells producers done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from services.common.config import AgrpoConfig
+from services.common.logging import get_logger
+
+from . import checkpoint
+from .buffer import SampleBuffer
+from .state import TrainState
+from .engine import Engine
+from .intake import Intake
+from .metrics import StepLogger, TrainerMetrics
+from .packing import MicroBatch, make_batcher
+from .policy import PolicyBoard
+from .sample import Outcome, Sample
+from .weight_sync import WeightSyncer
+from .weight_sync.transports import named_weights
+
+log = get_logger("trainer.loop")
+
+
+@dataclass
+class StepInput:
+    """What pull_batch gathered for one optimizer step."""
+
+    batches: list[MicroBatch]
+    wait_s: float = 0.0
+    stale: list[Sample] = field(default_factory=list)
+
+
+class TrainerLoop:
+    """Owns the training state and drives steps, syncs, logs and checkpoints."""
+
+    def __init__(self, cfg: AgrpoConfig, engine: Engine, tokenizer, syncer: WeightSyncer,
+                 state: TrainState, buffer: SampleBuffer, intake: Intake, board: PolicyBoard,
+                 metrics: TrainerMetrics, step_log: StepLogger) -> None:
+        self.cfg, self.engine, self.tokenizer, self.syncer = cfg, engine, tokenizer, syncer
+        self.state, self.buffer, self.intake, self.board = state, buffer, intake, board
+        self.metrics, self.step_log = metrics, step_log
+        self.ledger = state.ledger
+        self.max_model_len: int | None = None
+        self.batcher = None
+        self.dropped: dict[str, int] = {}
+        self.stale_total = 0
+        self.last_sync: dict[str, float] = {}
+        self._stop = asyncio.Event()
+        self.finished = asyncio.Event()
+
+    # Setup
+    def token_budget(self) -> int | None:
+        """The batcher's budget in force (None until the server's max_model_len is known)."""
+        budget = self.cfg.token_budget
+        if budget is None:
+            return self.max_model_len
+        return budget if budget > 0 else None
+
+    def _make_batcher(self) -> None:
+        self.batcher = make_batcher(self.cfg.token_budget, self.max_model_len or 0, 1,
+                                    self.cfg.per_device_train_batch_size, self._on_oversize,
+                                    self.cfg.trainer.max_samples_per_micro_batch)
+
+    def _on_oversize(self, sample: Sample, reason: str) -> None:
+        self._count_drop("oversize")
+        self.intake.settle([sample], Outcome.REJECTED, reason)
+        log.warning("dropped sample %s: %s", sample.sample_id, reason)
+
+    def _count_drop(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
+        self.metrics.dropped.labels(reason).inc(n)
+
+    def _prepare_payload(self):
+        named = named_weights(self.engine.model, wire_dtype(self.cfg.trainer.sync_dtype))
+        return self.syncer.transport.prepare(named, self._sync_target)
+
+    # Weight sync
+    async def cold_sync(self) -> None:
+        """Sync every server before serving; retry until vllm_server_timeout."""
+        s = self.state
+        reuse = s.version > 0 and s.version_step == s.step
+        version = s.version if reuse else s.version + 1
+        deadline = time.monotonic() + self.cfg.vllm_server_timeout
+        pending = list(self.syncer.urls)
+        while True:
+            try:
+                self.max_model_len = self.max_model_len or await self.syncer.admin(pending[0]).max_model_len()
+                report = await self._sync(version, pending)
+                pending = list(report.errors)
+            except Exception as exc:  # noqa: BLE001 - retried until the deadline
+                log.warning("cold sync: %s", exc)
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cold sync failed for {pending} after {self.cfg.vllm_server_timeout:.0f} s")
+            await asyncio.sleep(2.0)
+        self._make_batcher()
+        self._commit_version(version, list(self.syncer.urls))
+
+    async def _sync(self, version: int, urls: list[str] | None = None):
+        self._sync_target = version
+        report = await self.syncer.sync(version, self._prepare_payload, urls)
+        for phase, secs in report.phase_s.items():
+            self.metrics.sync_time.labels(phase).observe(secs)
+        for err in report.errors.values():
+            self.metrics.sync_failures.labels(err.phase).inc()
+        self.last_sync = dict(report.phase_s)
+        return report
+
+    def _commit_version(self, version: int, synced: list[str]) -> None:
+        self.state.version, self.state.version_step = version, self.state.step
+        self.metrics.policy_version.set(version)
+        self.board.publish(version, self.state.step, synced, self.syncer.transport.name,
+                           getattr(self.syncer, "_prepared", None) and self.syncer._prepared.uri or "")
+        log.info("policy version %d published (step %d, servers %s)", version, self.state.step, synced)
+
+    async def publish_weights(self) -> None:
+        """New version into every server, then announce it (failed servers re-sync later)."""
+        version = self.state.version + 1
+        report = await self._sync(version)
+        self._commit_version(version, report.synced)
+
+    async def reconcile(self) -> None:
+        """Re-sync servers that restarted or missed a version."""
+        self._sync_target = self.state.version
+        try:
+            report = await self.syncer.reconcile(self.state.version, self._prepare_payload)
+        except Exception:  # noqa: BLE001 - a failed check is retried next time
+            log.exception("reconcile failed")
+            return
+        if report is not None:
+            self.last_sync = dict(report.phase_s)
+            if report.synced:
+                self.board.publish(self.state.version, self.state.version_step, list(self.syncer.urls),
+                                   self.syncer.transport.name, report.uri)
+
+    # Steps
+    def done(self) -> bool:
+        if self.cfg.max_steps > 0:
+            return self.state.step >= self.cfg.max_steps
+        return self.ledger.reached(self.cfg.num_train_epochs)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Train until done or stopped."""
+        try:
+            while not self.done() and not self._stop.is_set():
+                step_in = await self.pull_batch()
+                if step_in is None:
+                    break
+                stats = await self.train_step(step_in)
+                if self.state.step % self.cfg.weight_sync_steps == 0:
+                    await self.publish_weights()
+                self.log_step(step_in, stats)
+                await self.maybe_checkpoint()
+            if self.done():
+                await self.finish()
+        finally:
+            self.finished.set()
+
+    async def finish(self) -> None:
+        log.info("training done at step %d (%d prompts trained)", self.state.step, self.ledger.prompts_trained)
+        if self.cfg.save_strategy == "steps" and self.state.step > 0:
+            await self.save()
+        self.intake.finish()
+
+    async def pull_batch(self) -> StepInput | None:
+        """Gather GA micro-batches of fresh samples; stale ones are dropped and acked."""
+        out = StepInput([])
+        ga = self.cfg.gradient_accumulation_steps
+        last_check = time.monotonic()
+        while len(out.batches) < ga:
+            if self._stop.is_set():
+                return None
+            sample, stale = self.buffer.pop_fresh(self.state.version, self.cfg.max_staleness)
+            if stale:
+                self._drop_stale(stale)
+                out.stale += stale
+            if sample is not None:
+                self.intake.regrant()
+                self.metrics.staleness.observe(self.state.version - sample.policy_version)
+                out.batches += self.batcher.add(sample)
+                continue
+            t = time.monotonic()
+            open_samples = self.batcher.num_samples
+            timeout = self.cfg.trainer.idle_flush_s if (open_samples or out.batches) else 1.0
+            got = await self.buffer.wait_nonempty(timeout)
+            out.wait_s += time.monotonic() - t
+            if got:
+                continue
+            if open_samples or out.batches:
+                last = self.batcher.flush()
+                if last is not None:
+                    out.batches.append(last)
+                if out.batches:
+                    return out
+            if time.monotonic() - last_check > self.cfg.trainer.reconcile_interval_s:
+                await self.reconcile()
+                last_check = time.monotonic()
+        return out
+
+    def _drop_stale(self, stale: list[Sample]) -> None:
+        self.stale_total += len(stale)
+        self._count_drop("stale", len(stale))
+        for s in stale:
+            self.metrics.staleness.observe(self.state.version - s.policy_version)
+        reason = f"staleness > max_staleness={self.cfg.max_staleness} at version {self.state.version}"
+        self.intake.settle(stale, Outcome.DROPPED_STALE, reason)
+        self.intake.regrant()
+
+    async def train_step(self, step_in: StepInput) -> dict:
+        """One optimizer step in a worker thread, then ledger, acks and counters."""
+        t0 = time.perf_counter()
+        stats = await asyncio.to_thread(self.engine.train_step, step_in.batches)
+        stats["perf/step_s"] = time.perf_counter() - t0
+        samples = [s for mb in step_in.batches for s in mb.samples]
+        self.ledger.record(samples)
+        self.state.step += 1
+        self.intake.settle(samples, Outcome.TRAINED)
+        self.metrics.trained.inc(len(samples))
+        self.metrics.step.set(self.state.step)
+        self.metrics.step_time.observe(stats["perf/step_s"])
+        return stats
+
+    def log_step(self, step_in: StepInput, stats: dict) -> None:
+        from .step_metrics import step_metrics
+
+        metrics = step_metrics(self, step_in, stats)
+        self.metrics.tokens_per_s.set(metrics.get("perf/tokens_per_s", 0.0))
+        self.metrics.idle.set(metrics.get("perf/idle_fraction", 0.0))
+        self.metrics.buffered.set(len(self.buffer))
+        self.step_log.log(self.state.step, metrics, force=self.state.step == 1 and self.cfg.logging_first_step)
+        if self.cfg.log_completions:
+            self._print_completions(step_in)
+
+    def _print_completions(self, step_in: StepInput) -> None:
+        samples = [s for mb in step_in.batches for s in mb.samples]
+        n = self.cfg.num_completions_to_print or len(samples)
+        for s in samples[:n]:
+            text = s.completion_text or self.tokenizer.decode(
+                [t for t, m in zip(s.input_ids, s.completion_mask) if m])
+            log.info("completion [%s] reward=%.3f adv=%.3f: %s", s.sample_id, s.reward, s.advantage, text[:500])
+
+    # Checkpoints
+    def _save_every(self) -> int:
+        every = self.cfg.save_steps
+        if every < 1:
+            every = math.ceil(every * self.cfg.max_steps) if self.cfg.max_steps > 0 else 500
+        return max(1, int(every))
+
+    async def maybe_checkpoint(self) -> None:
+        if self.cfg.save_strategy == "steps" and self.state.step % self._save_every() == 0:
+            await self.save()
+
+    async def save(self) -> None:
+        await asyncio.to_thread(
+            checkpoint.save, self.cfg.resolved_output_dir, self.state, self.engine.model, self.tokenizer,
+            self.engine.optimizer, self.engine.scheduler, self.cfg.save_total_limit, self.cfg.save_only_model)
+
+
+def wire_dtype(name: str):
+    """Dtype of tensors on the wire: "auto" keeps the training dtype."""
+    import torch
+
+    return None if name == "auto" else getattr(torch, name)
+
+
+def mean(values: list[float]) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(values) if values else float("nan")

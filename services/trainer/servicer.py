@@ -1,0 +1,141 @@
+"""TrainerService: translates protos to the trainer's domain objects and back.
+
+PushSamples is a bidirectional stream: a reader task feeds samples to the Intake while
+this generator yields what the Intake queues for the producer (acks, credit grants,
+the resume point on the first message, done). No training logic here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from agrpo.v1 import common_pb2
+from agrpo.v1 import trainer_service_pb2 as trainer_pb
+from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
+from services.common.errors import InvalidArgument, Unavailable, grpc_errors
+from services.common.identity import Identity, now_timestamp
+from services.common.logging import get_logger
+
+from .intake import Outbound
+from .sample import Sample
+
+log = get_logger("trainer.servicer")
+
+_TRANSPORTS = {"http": common_pb2.WEIGHT_TRANSPORT_HTTP, "shared_path": common_pb2.WEIGHT_TRANSPORT_SHARED_PATH,
+               "nccl": common_pb2.WEIGHT_TRANSPORT_NCCL}
+
+
+def sample_from_proto(msg: common_pb2.RolloutSample) -> Sample:
+    return Sample(
+        sample_id=msg.sample_id, group_id=msg.group_id or msg.sample_id,
+        prompt_key=(msg.prompt_key.dataset_index, msg.prompt_key.epoch),
+        policy_version=msg.policy_version, input_ids=list(msg.input_ids),
+        completion_mask=list(msg.completion_mask), behavior_logprobs=list(msg.behavior_logprobs),
+        advantage=msg.advantage, reward=msg.reward, producer_id=msg.producer_id,
+        prompt_length=msg.prompt_length, reward_components=dict(msg.reward_components),
+        metrics=dict(msg.metrics), prompt_text=msg.prompt_text, completion_text=msg.completion_text)
+
+
+def _prompt_key(key) -> common_pb2.PromptKey:
+    return common_pb2.PromptKey(dataset_index=key[0], epoch=key[1])
+
+
+class TrainerServicer(trainer_grpc.TrainerServiceServicer):
+    """The gRPC face of a running trainer (`app` is services.trainer.server.TrainerApp)."""
+
+    def __init__(self, app, identity: Identity) -> None:
+        self.app = app
+        self.identity = identity
+
+    def _version(self) -> int:
+        return self.app.state.version
+
+    def resume_point(self) -> common_pb2.ResumePoint:
+        ledger = self.app.state.ledger
+        return common_pb2.ResumePoint(step=self.app.state.step, policy_version=self._version(),
+                                      completed_epochs=ledger.completed_epochs,
+                                      trained=[_prompt_key(k) for k in ledger.unfinished_keys()])
+
+    def _response(self, out: Outbound) -> trainer_pb.PushSamplesResponse:
+        acks = [trainer_pb.SampleAck(sample_id=a.sample_id, outcome=int(a.outcome), reason=a.reason,
+                                     prompt_key=_prompt_key(a.prompt_key)) for a in out.acks]
+        msg = trainer_pb.PushSamplesResponse(acks=acks, credits=out.credits,
+                                             policy_version=self._version(), done=out.done)
+        if out.first:
+            msg.resume_point.CopyFrom(self.resume_point())
+        return msg
+
+    @grpc_errors
+    async def PushSamples(self, request_iterator, context):
+        if not self.app.ready:
+            raise Unavailable("trainer is starting (model loading or first weight sync)")
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("payload") != "hello":
+            raise InvalidArgument("the first PushSamples message must be hello")
+        intake = self.app.intake
+        stream = intake.open(first.hello.producer_id or context.peer(), first.hello.prompts_per_epoch)
+        reader = asyncio.create_task(self._read(request_iterator, stream))
+        try:
+            while True:
+                out = await stream.outbox.get()
+                if out is None:  # replaced by a newer stream, or the reader finished
+                    break
+                yield self._response(out)
+        finally:
+            reader.cancel()
+            intake.close(stream)
+
+    async def _read(self, request_iterator, stream) -> None:
+        try:
+            async for req in request_iterator:
+                kind = req.WhichOneof("payload")
+                if kind == "sample":
+                    self.app.intake.receive(stream, sample_from_proto(req.sample))
+                elif kind == "hello":
+                    log.warning("ignoring a second hello from %s", stream.producer_id)
+        except (asyncio.CancelledError, grpc.aio.AioRpcError):
+            pass
+        finally:
+            stream.send(None)
+
+    @grpc_errors
+    async def WatchPolicy(self, request, context):
+        queue = self.app.board.subscribe()
+        try:
+            while True:
+                info = await queue.get()
+                if info is None:
+                    return
+                policy = common_pb2.PolicyVersion(
+                    version=info.version, step=info.step, weight_label=info.weight_label,
+                    transport=_TRANSPORTS.get(info.transport, 0), weights_uri=info.weights_uri,
+                    synced_servers=list(info.synced_servers), published_at=now_timestamp(),
+                    max_staleness=self.app.cfg.max_staleness)
+                yield trainer_pb.WatchPolicyResponse(policy=policy)
+        finally:
+            self.app.board.unsubscribe(queue)
+
+    @grpc_errors
+    async def Heartbeat(self, request, context):
+        return common_pb2.HeartbeatResponse(receiver=self.identity.info(), policy_version=self._version(),
+                                            sent_at=now_timestamp())
+
+    @grpc_errors
+    async def GetStatus(self, request, context):
+        app, ledger = self.app, self.app.state.ledger
+        dropped = dict(app.loop.dropped) if app.loop else {}
+        dropped.update({k: v for k, v in app.intake_drops.items() if v})
+        target = app.cfg.max_steps if app.cfg.max_steps > 0 else 0
+        status = common_pb2.TrainerStatus(
+            step=app.state.step, policy_version=self._version(), completed_epochs=ledger.completed_epochs,
+            prompts_trained=ledger.prompts_trained, samples_received=app.samples_received,
+            samples_trained=len(ledger.trained_ids), samples_dropped=dropped,
+            buffered_samples=len(app.buffer), buffer_capacity=app.buffer.capacity,
+            target_steps=target, resume_point=self.resume_point())
+        return common_pb2.GetStatusResponse(service=self.identity.info(), trainer=status)
+
+    @grpc_errors
+    async def GetResumePoint(self, request, context):
+        return trainer_pb.GetResumePointResponse(resume_point=self.resume_point())

@@ -1,0 +1,86 @@
+"""Assemble a TrainerLoop from the config: model (or latest checkpoint), optimizer,
+scheduler, engine, weight transport and syncer, step logger. Blocking (runs in a thread).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from services.common.config import AgrpoConfig
+from services.common.logging import get_logger
+
+from . import checkpoint
+from .engine import Engine, EngineConfig
+from .loop import TrainerLoop
+from .loss import LossConfig
+from .metrics import StepLogger
+from .model import autocast_dtype, build_optimizer, build_scheduler, load_model, pick_device
+from .weight_sync import WeightSyncer
+from .weight_sync.transports import HttpTransport, SharedPathTransport
+
+log = get_logger("trainer.setup")
+
+
+def resume_path(cfg: AgrpoConfig) -> Path | None:
+    """resume_from_checkpoint, else the latest checkpoint in output_dir, else None."""
+    if cfg.resume_from_checkpoint:
+        return Path(cfg.resume_from_checkpoint)
+    return checkpoint.latest(cfg.resolved_output_dir)
+
+
+def make_transport(cfg: AgrpoConfig, device: torch.device):
+    """auto: NCCL when training on a GPU, HTTP on CPU."""
+    kind = cfg.trainer.weight_transport
+    if kind == "auto":
+        kind = "nccl" if device.type == "cuda" else "http"
+    if kind == "http":
+        return HttpTransport(cfg.trainer.http_chunk_mb)
+    if kind == "shared_path":
+        folder = cfg.trainer.shared_weights_dir or Path(cfg.resolved_output_dir) / "shared_weights"
+        return SharedPathTransport(folder)
+    from .weight_sync.nccl import NcclTransport
+
+    return NcclTransport()
+
+
+def build_engine(cfg: AgrpoConfig, model_path: str):
+    """Model, tokenizer and Engine (optimizer + scheduler) for a model path."""
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    device = pick_device(cfg)
+    model, tokenizer = load_model(cfg, model_path, device)
+    optimizer = build_optimizer(cfg, model)
+    scheduler = build_scheduler(cfg, optimizer)
+    loss = LossConfig(cfg.epsilon, cfg.effective_epsilon_high, cfg.temperature, cfg.tis_cap)
+    tree = cfg.trainer.forward == "tree" or (cfg.trainer.forward == "auto" and device.type == "cuda")
+    engine = Engine(model, optimizer, scheduler,
+                    EngineConfig(loss, cfg.max_grad_norm, tree=tree, autocast=autocast_dtype(cfg, device),
+                                 router_aux_loss_coef=cfg.router_aux_loss_coef))
+    return engine, tokenizer, device
+
+
+def build_loop(app) -> TrainerLoop:
+    """Everything the loop needs; restores the latest checkpoint into app.state."""
+    cfg = app.cfg
+    if not cfg.model:
+        raise ValueError("trainer needs `model` (a path or id)")
+    ckpt = resume_path(cfg)
+    engine, tokenizer, device = build_engine(cfg, str(ckpt) if ckpt else cfg.model)
+    if ckpt is not None:
+        restored = checkpoint.read_state(ckpt)
+        if not checkpoint.restore_optimizer(ckpt, engine.optimizer, engine.scheduler):
+            log.warning("%s holds no optimizer state (save_only_model): optimizer starts fresh", ckpt)
+        app.state.step, app.state.version = restored.step, restored.version
+        app.state.version_step = restored.version_step
+        app.state.ledger.__dict__.update(restored.ledger.__dict__)  # the intake holds this object
+        log.info("resumed from %s: step %d, version %d, %d prompts trained", ckpt, restored.step,
+                 restored.version, restored.ledger.prompts_trained)
+    syncer = WeightSyncer(cfg.vllm_urls, make_transport(cfg, device), cfg.weight_sync_phase_timeout,
+                          cfg.weight_sync_timeout)
+    jsonl = cfg.trainer.metrics_jsonl or Path(cfg.resolved_output_dir) / "metrics.jsonl"
+    step_log = StepLogger(jsonl, cfg.logging_steps, cfg.report_to, cfg.run_name, cfg.logging_dir, cfg.project)
+    return TrainerLoop(cfg, engine, tokenizer, syncer, app.state, app.buffer, app.intake, app.board,
+                       app.metrics, step_log)

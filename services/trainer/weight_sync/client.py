@@ -1,0 +1,92 @@
+"""HTTP calls to one vLLM server's RL/dev endpoints, each with a timeout and a checked status.
+
+Every failure is a `WeightSyncError` naming the phase and the server, so a dead or
+hung server shows up as "phase 'update' on http://...: ..." instead of a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+
+class WeightSyncError(RuntimeError):
+    """A weight-sync phase failed (HTTP error, timeout, refused connection)."""
+
+    def __init__(self, phase: str, url: str, detail: str) -> None:
+        super().__init__(f"weight sync phase {phase!r} on {url}: {detail}")
+        self.phase, self.url, self.detail = phase, url, detail
+
+
+def label_version(label: str | None) -> int | None:
+    """vLLM weight label -> policy version ("default" is 0); None if unparseable."""
+    if label in (None, "", "default"):
+        return 0 if label == "default" else None
+    try:
+        return int(label)
+    except ValueError:
+        return None
+
+
+class VLLMAdmin:
+    """One server's admin surface; phases are named for errors and timings."""
+
+    def __init__(self, base_url: str, session: aiohttp.ClientSession, phase_timeout: float) -> None:
+        self.url = base_url.rstrip("/")
+        self.session = session
+        self.phase_timeout = phase_timeout
+
+    async def call(self, phase: str, method: str, path: str, body: Any = None,
+                   timeout: float | None = None) -> Any:
+        """One request; non-2xx, timeouts and connection errors raise WeightSyncError."""
+        limit = aiohttp.ClientTimeout(total=timeout or self.phase_timeout)
+        try:
+            async with self.session.request(method, self.url + path, json=body, timeout=limit) as r:
+                text = await r.text()
+                if r.status // 100 != 2:
+                    raise WeightSyncError(phase, self.url, f"HTTP {r.status}: {text[:500]}")
+                if not text:
+                    return None
+                try:
+                    return await r.json(content_type=None)
+                except ValueError:
+                    return text
+        except asyncio.TimeoutError:
+            raise WeightSyncError(phase, self.url, f"timed out after {timeout or self.phase_timeout:.1f} s") from None
+        except aiohttp.ClientError as exc:
+            raise WeightSyncError(phase, self.url, f"{type(exc).__name__}: {exc}") from None
+
+    async def weight_label(self) -> str:
+        data = await self.call("weight_info", "GET", "/weight_info")
+        return str(data.get("weight_version", ""))
+
+    async def server_version(self) -> str:
+        data = await self.call("version", "GET", "/version")
+        return str(data.get("version", "0"))
+
+    async def max_model_len(self) -> int:
+        data = await self.call("models", "GET", "/v1/models")
+        return int(data["data"][0]["max_model_len"])
+
+    async def init_engine(self, init_info: dict) -> None:
+        await self.call("init", "POST", "/init_weight_transfer_engine", {"init_info": init_info})
+
+    async def pause(self) -> None:
+        await self.call("pause", "POST", "/pause?mode=keep")
+
+    async def start(self) -> None:
+        await self.call("start", "POST", "/start_weight_update", {"is_checkpoint_format": True})
+
+    async def update(self, update_info: dict) -> None:
+        await self.call("update", "POST", "/update_weights", {"update_info": update_info})
+
+    async def finish(self, label: str) -> None:
+        await self.call("finish", "POST", "/finish_weight_update", {"weight_version": label})
+
+    async def reset_prefix_cache(self) -> None:
+        await self.call("reset_prefix_cache", "POST", "/reset_prefix_cache")
+
+    async def resume(self) -> None:
+        await self.call("resume", "POST", "/resume")

@@ -1,0 +1,63 @@
+"""Optimizer and schedule from the config: TRL defaults, CPU fallbacks, warmup."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.common.config import AgrpoConfig
+from services.trainer.model import build_optimizer, build_scheduler, load_dtype, warmup_steps
+
+
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+
+
+def test_defaults_constant_lr_and_cpu_adamw():
+    cfg = AgrpoConfig()
+    opt = build_optimizer(cfg, _model())
+    assert isinstance(opt, torch.optim.AdamW) and not opt.defaults.get("fused")  # fused needs an accelerator
+    sched = build_scheduler(cfg, opt)
+    lrs = []
+    for _ in range(3):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == [1e-6] * 3
+
+
+def test_weight_decay_skips_norms_and_biases():
+    opt = build_optimizer(AgrpoConfig(weight_decay=0.1), _model())
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and len(decay["params"]) == 1  # only the Linear weight
+    assert no_decay["weight_decay"] == 0.0 and len(no_decay["params"]) == 3
+
+
+def test_warmup_then_linear_decay():
+    cfg = AgrpoConfig(learning_rate=1.0, lr_scheduler_type="linear", max_steps=10, warmup_steps=0.2)
+    assert warmup_steps(cfg, 10) == 2
+    opt = build_optimizer(cfg, _model())
+    sched = build_scheduler(cfg, opt)
+    lrs = []
+    for _ in range(4):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == 0.0 and lrs[2] == pytest.approx(1.0) and lrs[3] < 1.0
+
+
+def test_constant_with_warmup_when_warmup_given():
+    cfg = AgrpoConfig(learning_rate=1.0, warmup_steps=2)
+    opt = build_optimizer(cfg, _model())
+    sched = build_scheduler(cfg, opt)
+    lrs = []
+    for _ in range(4):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == [0.0, 0.5, 1.0, 1.0]
+
+
+def test_half_precision_falls_back_to_fp32_on_cpu():
+    assert load_dtype(AgrpoConfig(dtype="bfloat16"), torch.device("cpu")) == torch.float32
+    assert load_dtype(AgrpoConfig(), torch.device("cpu")) == torch.float32

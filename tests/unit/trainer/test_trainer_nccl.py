@@ -1,0 +1,50 @@
+"""NCCL transport metadata and packing (CPU only; the GPU issue runs the real broadcast)."""
+
+from __future__ import annotations
+
+import base64
+
+import torch
+
+from services.trainer.weight_sync.nccl import (NcclProtocol, init_info, manifest, pack_chunk,
+                                               packed_chunks, parse_version, tensor_nbytes, update_info)
+
+
+def test_protocol_by_version():
+    assert parse_version("0.28.1.dev3+gabc") == (0, 28, 1)
+    old, mid, new = (NcclProtocol.for_version(v) for v in ("0.27.0", "0.28.0", "0.33.0"))
+    assert not old.packed_in_init and not old.unique_id_b64
+    assert mid.packed_in_init and not mid.unique_id_b64
+    assert new.packed_in_init and new.unique_id_b64
+
+
+def test_packed_flag_moves_from_update_to_init_at_028():
+    named = [("a.weight", torch.zeros(2, 3, dtype=torch.bfloat16)), ("b.bias", torch.zeros(4))]
+    meta = manifest(named)
+    assert meta == {"names": ["a.weight", "b.bias"], "dtype_names": ["bfloat16", "float32"],
+                    "shapes": [[2, 3], [4]]}
+    old, new = NcclProtocol.for_version("0.27.0"), NcclProtocol.for_version("0.30.0")
+    assert update_info(old, meta)["packed"] is True
+    assert set(update_info(new, meta)) == {"names", "dtype_names", "shapes"}  # extra keys are rejected
+    assert "packed" not in init_info(old, 2, master_address="10.0.0.1", master_port=29500)
+    uid = bytes(range(128))
+    info = init_info(new, 3, unique_id=uid)
+    assert info["packed"] is True and info["rank_offset"] == 1 and info["world_size"] == 3
+    assert base64.b64decode(info["nccl_unique_id_b64"]) == uid
+
+
+def test_chunks_flush_after_exceeding_buffer():
+    # The tensor that crosses the threshold stays in the chunk that it overflows.
+    assert packed_chunks([4, 4, 4, 4], buffer_bytes=6) == [[0, 1], [2, 3]]
+    assert packed_chunks([10, 1, 1], buffer_bytes=6) == [[0], [1, 2]]
+    assert packed_chunks([3, 3], buffer_bytes=6) == [[0, 1]]  # exactly full does not flush
+
+
+def test_pack_chunk_bytes_roundtrip():
+    a = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    b = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
+    buf = pack_chunk([a, b])
+    assert buf.dtype == torch.uint8
+    assert buf.numel() == tensor_nbytes([2, 3], "float32") + tensor_nbytes([2], "bfloat16")
+    assert torch.equal(buf[:24].view(torch.float32).reshape(2, 3), a)
+    assert torch.equal(buf[24:].view(torch.bfloat16), b)
