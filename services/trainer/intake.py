@@ -21,6 +21,7 @@ from .ledger import Ledger
 from .sample import Ack, Outcome, Sample
 
 ALREADY_PENDING = "already buffered; TRAINED follows"
+OTHER_GROUP = "prompt already trained by another group (exactly once per epoch)"
 
 
 @dataclass
@@ -106,6 +107,8 @@ class Intake:
     def _judge(self, sample: Sample) -> tuple[Outcome, str]:
         if self.ledger.is_trained(sample.sample_id):
             return Outcome.DUPLICATE, "already trained"
+        if self.ledger.owned_by_other(sample):
+            return Outcome.DUPLICATE, OTHER_GROUP
         if sample.sample_id in self.pending:
             # Not final yet: the producer must keep it until TRAINED, which will reach
             # its current stream. So ACCEPTED again (credit back), not DUPLICATE.

@@ -3,7 +3,10 @@
 Epochs count distinct prompts trained: an epoch is complete when all of its
 `prompts_per_epoch` prompt keys are trained, so forks and re-issues of a prompt do
 not inflate it. A prompt key counts as trained once any of its samples is trained
-(as TRL counts a group). The resume point lists trained keys of unfinished epochs.
+(as TRL counts a group). Exactly once: the first group that enters a batch for a
+prompt key owns it; samples of any other group for that key (a re-issue that raced
+with a partly trained group) are refused. The resume point lists trained keys of
+unfinished epochs.
 """
 
 from __future__ import annotations
@@ -22,10 +25,26 @@ class Ledger:
         self.prompts_per_epoch = prompts_per_epoch
         self.trained_ids: set[str] = set()
         self.trained_keys: set[PromptKey] = set()
+        self.owners: dict[PromptKey, str] = {}  # prompt key -> the group that trains it
         self._per_epoch: Counter[int] = Counter()
 
     def is_trained(self, sample_id: str) -> bool:
         return sample_id in self.trained_ids
+
+    def owned_by_other(self, sample: Sample) -> bool:
+        """True when another group already owns (trained or batched) this prompt key."""
+        owner = self.owners.get(tuple(sample.prompt_key))
+        return owner is not None and owner != sample.group_id
+
+    def claim(self, sample: Sample) -> bool:
+        """Make the sample's group the owner of its key if none is; False if another owns it.
+
+        Called when a fresh sample enters a batch, so a group whose samples were all
+        dropped as stale never owns its key and the prompt's re-issue can train."""
+        if self.owned_by_other(sample):
+            return False
+        self.owners.setdefault(tuple(sample.prompt_key), sample.group_id)
+        return True
 
     def record(self, samples: Iterable[Sample]) -> list[PromptKey]:
         """Mark samples trained; return prompt keys trained for the first time."""
@@ -33,6 +52,7 @@ class Ledger:
         for s in samples:
             self.trained_ids.add(s.sample_id)
             key = tuple(s.prompt_key)
+            self.owners.setdefault(key, s.group_id)
             if key not in self.trained_keys:
                 self.trained_keys.add(key)
                 self._per_epoch[key[1]] += 1
@@ -70,7 +90,8 @@ class Ledger:
 
     def to_dict(self) -> dict:
         return {"prompts_per_epoch": self.prompts_per_epoch, "trained_ids": sorted(self.trained_ids),
-                "trained_keys": sorted(list(k) for k in self.trained_keys)}
+                "trained_keys": sorted(list(k) for k in self.trained_keys),
+                "owners": sorted([k[0], k[1], g] for k, g in self.owners.items() if k in self.trained_keys)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Ledger":
@@ -79,4 +100,6 @@ class Ledger:
         for idx, epoch in data.get("trained_keys", []):
             ledger.trained_keys.add((int(idx), int(epoch)))
             ledger._per_epoch[int(epoch)] += 1
+        for idx, epoch, group in data.get("owners", []):
+            ledger.owners[(int(idx), int(epoch))] = group
         return ledger

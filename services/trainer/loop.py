@@ -19,11 +19,13 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.common.config import AgrpoConfig
 from services.common.logging import get_logger
 
 from . import checkpoint
+from .audit import TrainedSampleLog
 from .buffer import SampleBuffer
 from .state import TrainState
 from .engine import Engine
@@ -57,6 +59,7 @@ class TrainerLoop:
         self.state, self.buffer, self.intake, self.board = state, buffer, intake, board
         self.metrics, self.step_log = metrics, step_log
         self.ledger = state.ledger
+        self.audit = TrainedSampleLog(Path(cfg.resolved_output_dir) / "trained_samples.jsonl")
         self.max_model_len: int | None = None
         self.batcher = None
         self.dropped: dict[str, int] = {}
@@ -195,6 +198,9 @@ class TrainerLoop:
             if stale:
                 self._drop_stale(stale)
                 out.stale += stale
+            if sample is not None and not self.ledger.claim(sample):
+                self._drop_other_group(sample)
+                continue
             if sample is not None:
                 self.intake.regrant()
                 self.metrics.staleness.observe(self.state.version - sample.policy_version)
@@ -218,6 +224,14 @@ class TrainerLoop:
                 last_check = time.monotonic()
         return out
 
+    def _drop_other_group(self, sample: Sample) -> None:
+        """A re-issued prompt whose first group is already (being) trained: refuse it."""
+        from .intake import OTHER_GROUP
+
+        self._count_drop("duplicate_prompt")
+        self.intake.settle([sample], Outcome.DUPLICATE, OTHER_GROUP)
+        self.intake.regrant()
+
     def _drop_stale(self, stale: list[Sample]) -> None:
         self.stale_total += len(stale)
         self._count_drop("stale", len(stale))
@@ -235,6 +249,7 @@ class TrainerLoop:
         samples = [s for mb in step_in.batches for s in mb.samples]
         self.ledger.record(samples)
         self.state.step += 1
+        self.audit.write(self.state.step, self.state.version, samples)
         self.intake.settle(samples, Outcome.TRAINED)
         self.metrics.trained.inc(len(samples))
         self.metrics.step.set(self.state.step)

@@ -42,6 +42,8 @@ class Sample:
     metrics: dict[str, float] = field(default_factory=dict)
     prompt_text: str = ""
     completion_text: str = ""
+    version_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    """(policy_version, start, end) runs of generated tokens; audit trail only."""
 
     def __len__(self) -> int:
         return len(self.input_ids)

@@ -28,10 +28,13 @@ _TRANSPORTS = {"http": common_pb2.WEIGHT_TRANSPORT_HTTP, "shared_path": common_p
 
 
 def sample_from_proto(msg: common_pb2.RolloutSample) -> Sample:
+    """Staleness is judged by the oldest version that produced a token (spans included)."""
+    spans = [(sp.policy_version, sp.start, sp.end) for sp in msg.version_spans]
+    oldest = min([msg.policy_version, *(v for v, _, _ in spans)])
     return Sample(
         sample_id=msg.sample_id, group_id=msg.group_id or msg.sample_id,
         prompt_key=(msg.prompt_key.dataset_index, msg.prompt_key.epoch),
-        policy_version=msg.policy_version, input_ids=list(msg.input_ids),
+        policy_version=oldest, version_spans=spans, input_ids=list(msg.input_ids),
         completion_mask=list(msg.completion_mask), behavior_logprobs=list(msg.behavior_logprobs),
         advantage=msg.advantage, reward=msg.reward, producer_id=msg.producer_id,
         prompt_length=msg.prompt_length, reward_components=dict(msg.reward_components),

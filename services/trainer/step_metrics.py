@@ -42,6 +42,7 @@ def step_metrics(loop, step_in, stats: dict) -> dict:
         "advantage/mean": _mean([s.advantage for s in samples]),
         "sample/trained": len(samples),
         "sample/staleness_mean": _mean([loop.state.version - s.policy_version for s in samples]),
+        "sample/staleness_max": max((loop.state.version - s.policy_version for s in samples), default=0),
         "sample/dropped_stale": len(step_in.stale),
         "sample/dropped_stale_total": loop.dropped.get("stale", 0),
         "sample/prompts_trained_total": loop.ledger.prompts_trained,

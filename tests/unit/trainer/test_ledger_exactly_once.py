@@ -1,0 +1,34 @@
+"""Exactly once per prompt key: the first group in a batch owns the key."""
+
+from services.trainer.ledger import Ledger
+from services.trainer.sample import Sample
+
+
+def _sample(sid: str, group: str, key=(3, 0)) -> Sample:
+    return Sample(sample_id=sid, group_id=group, prompt_key=key, policy_version=1,
+                  input_ids=[1, 2, 3], completion_mask=[0, 1, 1], behavior_logprobs=[0, -1, -1],
+                  advantage=0.5)
+
+
+def test_first_group_owns_the_key_and_others_are_refused():
+    ledger = Ledger(prompts_per_epoch=4)
+    assert ledger.claim(_sample("a1", "g1"))
+    assert ledger.claim(_sample("a2", "g1"))
+    assert not ledger.claim(_sample("b1", "g2"))
+    assert ledger.owned_by_other(_sample("b2", "g2"))
+    assert not ledger.owned_by_other(_sample("c1", "g3", key=(4, 0)))
+
+
+def test_ownership_survives_a_checkpoint_round_trip():
+    ledger = Ledger(prompts_per_epoch=4)
+    ledger.record([_sample("a1", "g1")])
+    back = Ledger.from_dict(ledger.to_dict())
+    assert back.owned_by_other(_sample("b1", "g2"))
+    assert not back.owned_by_other(_sample("a2", "g1"))
+    assert back.prompts_trained == 1 and back.is_trained("a1")
+
+
+def test_same_key_in_another_epoch_is_a_different_prompt():
+    ledger = Ledger(prompts_per_epoch=4)
+    ledger.record([_sample("a1", "g1", key=(3, 0))])
+    assert ledger.claim(_sample("b1", "g2", key=(3, 1)))
