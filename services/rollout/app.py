@@ -1,0 +1,217 @@
+"""Wire the rollout service together: vLLM clients, data, scheduler, engine, sender, links.
+
+`RolloutApp.start()` serves gRPC (health NOT_SERVING), handshakes every vLLM
+server, loads and tokenizes the dataset, connects to the trainer and the reward
+service, and starts generating once the trainer's resume point is known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import aiohttp
+
+from agrpo.v1 import common_pb2
+from services.common.channels import open_channel
+from services.common.identity import Identity
+from services.common.logging import get_logger
+
+from .balancer import Balancer
+from .data import build_prompt_set, load_rows, load_tokenizer
+from .engine import Engine
+from .metrics import RolloutMetrics
+from .schedule import PromptScheduler
+from .scoring import Scorer
+from .sender import Sender, heartbeat_request
+from .trainer_link import TrainerLiveness, heartbeat_loop, watch_policy
+from .vllm_client import VLLMClient
+
+log = get_logger("rollout.app")
+SERVICE = "agrpo.v1.RolloutService"
+
+
+class RolloutApp:
+    """The running service: what servicer, health and metrics report on."""
+
+    def __init__(self, cfg, identity: Identity | None = None) -> None:
+        self.cfg = cfg
+        self.identity = identity or Identity("rollout")
+        self.metrics = RolloutMetrics()
+        self.liveness = TrainerLiveness(cfg.heartbeat_stale_after_s)
+        self.grpc_server = None  # set by server.build
+        self.engine: Engine | None = None
+        self.sender: Sender | None = None
+        self.scheduler: PromptScheduler | None = None
+        self.balancer: Balancer | None = None
+        self.prompts = None
+        self._tasks: list[asyncio.Task] = []
+        self._resumed = asyncio.Event()
+        self.finished = asyncio.Event()
+
+    # Start-up
+    async def setup(self) -> None:
+        """Handshake vLLM, load data, open channels; no generation yet."""
+        cfg, r = self.cfg, self.cfg.rollout
+        if cfg.dataset.path is None:
+            raise ValueError("dataset.path is not set: give a hub id, a folder, or json/csv/parquet "
+                             "with dataset.data_files")
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+            limit=max(cfg.resolved_max_inflight_tasks, cfg.num_generations) + 8))
+        clients = [VLLMClient(u, self.session, request_timeout=cfg.request_timeout, model=cfg.model,
+                              endpoint=r.generate_endpoint) for u in cfg.vllm_urls]
+        infos = await asyncio.gather(*(c.handshake(cfg.vllm_server_timeout, r.min_vllm_version)
+                                       for c in clients))
+        max_model_len = min(i.max_model_len for i in infos)
+        self.balancer = Balancer(clients, retries=r.request_retries, backoff_s=r.server_backoff_s,
+                                 backoff_max_s=r.server_backoff_max_s,
+                                 on_latency=lambda u, s: self.metrics.vllm_latency.labels(u).observe(s))
+        self.tokenizer, self.prompts = await asyncio.to_thread(self._load_data, infos[0].model, max_model_len)
+        self.metrics.skipped.set(self.prompts.skipped)
+        self.scheduler = PromptScheduler(self.prompts.order, self._num_epochs())
+        opts = dict(max_message_mb=r.max_message_mb, tls=cfg.tls, auth=cfg.auth)
+        self.trainer_channel = open_channel(cfg.trainer.dial_address, ["agrpo.v1.TrainerService"],
+                                            deadline_s=cfg.trainer.deadline_s, **opts)
+        self.reward_channel = open_channel(cfg.reward.dial_address, ["agrpo.v1.RewardService"],
+                                           deadline_s=r.scoring_deadline_s, **opts)
+        scorer = Scorer(self.reward_channel, deadline_s=r.scoring_deadline_s, retries=r.scoring_retries)
+        self.sender = Sender(self.trainer_channel, producer_id=self.identity.instance_id,
+                             prompts_per_epoch=len(self.prompts), max_staleness=cfg.max_staleness,
+                             heartbeat_s=r.heartbeat_interval_s, reconnect_s=r.trainer_reconnect_s,
+                             hooks=self)
+        self.engine = Engine(cfg, prompts=self.prompts, tokenizer=self.tokenizer, scheduler=self.scheduler,
+                             balancer=self.balancer, scorer=scorer, sender=self.sender,
+                             metrics=self.metrics, producer_id=self.identity.instance_id)
+
+    def _load_data(self, served_model: str, max_model_len: int):
+        cfg = self.cfg
+        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model or served_model, cfg.trust_remote_code)
+        rows = load_rows(cfg.dataset)
+        prompts = build_prompt_set(rows, tokenizer, prompt_column=cfg.dataset.prompt_column,
+                                   max_prompt_len=max_model_len - cfg.max_completion_length,
+                                   chat_template_kwargs=cfg.chat_template_kwargs,
+                                   seed=cfg.data_seed if cfg.data_seed is not None else cfg.seed)
+        log.info("dataset: %d prompts (%d skipped as too long)", len(prompts), prompts.skipped)
+        return tokenizer, prompts
+
+    def _num_epochs(self) -> int | None:
+        if self.cfg.rollout.max_epochs:
+            return self.cfg.rollout.max_epochs
+        return None if self.cfg.max_steps > 0 else math.ceil(self.cfg.num_train_epochs)
+
+    async def run_background(self) -> None:
+        """Start the links and, once the resume point is known, the engine."""
+        ch = self.trainer_channel
+        self._tasks = [
+            asyncio.create_task(self.sender.run()),
+            asyncio.create_task(watch_policy(ch, self.identity.instance_id, self.on_version,
+                                             self.liveness, self.cfg.rollout.trainer_reconnect_s)),
+            asyncio.create_task(heartbeat_loop(ch, self.heartbeat, self.liveness,
+                                               self.cfg.rollout.heartbeat_interval_s, self._on_trainer_state)),
+            asyncio.create_task(self._run_engine()),
+            asyncio.create_task(self._gauges()),
+        ]
+
+    async def _run_engine(self) -> None:
+        await self._resumed.wait()
+        engine_task = asyncio.create_task(self.engine.run())
+        done_task = asyncio.create_task(self.sender.done.wait())
+        try:
+            await asyncio.wait([engine_task, done_task], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.engine.stop()
+            done_task.cancel()
+            await asyncio.gather(engine_task, return_exceptions=True)
+        if engine_task.done() and not engine_task.cancelled() and engine_task.exception():
+            log.error("generation loop failed", exc_info=engine_task.exception())
+        if self.sender.done.is_set():
+            self.identity.state = common_pb2.SERVING_STATE_DONE
+            self.finished.set()
+
+    async def _on_trainer_state(self, stale: bool) -> None:
+        if self.grpc_server is not None:
+            from grpc_health.v1 import health_pb2
+            status = (health_pb2.HealthCheckResponse.NOT_SERVING if stale
+                      else health_pb2.HealthCheckResponse.SERVING)
+            await self.grpc_server.health.set(SERVICE, status)
+
+    async def _gauges(self) -> None:
+        """Refresh gauges every second and the servers' weight labels every 5 s."""
+        tick = 0
+        while True:
+            m = self.metrics
+            m.buffered.set(self.sender.held)
+            m.groups_inflight.set(len(self.engine.generating) + self.engine.scoring_groups)
+            m.trainer_silent.set(self.liveness.silent_s)
+            if tick % 5 == 0:
+                for s in self.balancer.servers:
+                    if s.up:
+                        s.weight_label = await s.client.weight_label() or s.weight_label
+            tick += 1
+            await asyncio.sleep(1.0)
+
+    async def close(self) -> None:
+        if self.engine:
+            self.engine.stop()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.balancer:
+            await self.balancer.close()
+        for name in ("trainer_channel", "reward_channel"):
+            ch = getattr(self, name, None)
+            if ch is not None:
+                await ch.close()
+        if getattr(self, "session", None):
+            await self.session.close()
+
+    # Sender hooks
+    def on_resume(self, rp) -> None:
+        keys = [(k.dataset_index, k.epoch) for k in rp.trained]
+        lost = self.scheduler.resume(rp.completed_epochs, keys)
+        if lost:
+            log.warning("trainer lost %d trained prompts (restart?): re-issuing them", lost)
+        self.on_version(int(rp.policy_version))
+        self._resumed.set()
+        if self.engine:
+            self.engine.wake()
+
+    def on_group_done(self, key, ok: bool, reason: str) -> None:
+        if ok:
+            self.scheduler.trained(key)
+        else:
+            self.scheduler.failed(key)
+            self.engine.drops[reason] = self.engine.drops.get(reason, 0) + 1
+            self.metrics.drops.labels(reason).inc()
+            self.metrics.reissued.inc()
+        self.engine.wake()
+
+    def on_version(self, version: int) -> None:
+        if self.engine:
+            self.engine.on_version(version)
+
+    def on_heard(self) -> None:
+        self.liveness.heard()
+
+    def on_sent(self, sample) -> None:
+        self.metrics.samples_sent.inc()
+        self.metrics.staleness.observe(max(0, self.version() - sample.policy_version))
+
+    def version(self) -> int:
+        return self.engine.version if self.engine else 0
+
+    def heartbeat(self):
+        return heartbeat_request(self.identity, self.version())
+
+    # Status
+    def status(self) -> common_pb2.RolloutStatus:
+        e, s, sch = self.engine, self.sender, self.scheduler
+        if e is None:
+            return common_pb2.RolloutStatus()
+        drops = dict(e.drops)
+        servers = [common_pb2.InferenceServerStatus(**d) for d in self.balancer.snapshot()]
+        return common_pb2.RolloutStatus(
+            epoch=sch.epoch, prompts_issued=sch.issued, prompts_reissued=sch.reissued,
+            groups_in_flight=len(e.generating) + e.scoring_groups, samples_buffered=s.held,
+            samples_sent=s.sent, samples_acked=s.acked, drops=drops, policy_version=e.version,
+            trainer_connected=s.connected, trainer_silent_s=self.liveness.silent_s, servers=servers)

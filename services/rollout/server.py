@@ -1,0 +1,84 @@
+"""`agrpo rollout`: generate with vLLM, score with the reward service, stream to the trainer.
+
+Run:  agrpo rollout --config run.yaml   (or: python -m services.cli rollout ...)
+Serves RolloutService (Heartbeat, GetStatus), grpc.health.v1 and reflection on
+`rollout.port`, and Prometheus `agrpo_rollout_*` on `rollout.metrics_port`.
+In-process (tests): `svc = await build(cfg); await svc.start(); ...; await svc.stop()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from agrpo.v1 import common_pb2
+from agrpo.v1 import rollout_service_pb2_grpc as rollout_grpc
+from services.common.logging import get_logger, setup_logging
+from services.common.server import GrpcServer
+
+from .app import SERVICE, RolloutApp
+from .servicer import RolloutServicer
+from .vllm_client import VLLMIncompatible
+
+log = get_logger("rollout.server")
+
+
+class RolloutService:
+    """The gRPC server plus the app behind it."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.app = RolloutApp(cfg)
+        servicer = RolloutServicer(self.app)
+        self.grpc_server = GrpcServer(cfg.rollout, [SERVICE],
+                                      lambda s: rollout_grpc.add_RolloutServiceServicer_to_server(servicer, s),
+                                      tls=cfg.tls if cfg.tls.enabled else None, auth=cfg.auth)
+        self.app.grpc_server = self.grpc_server
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+
+    async def start(self) -> int:
+        """Serve, connect to vLLM/data/peers, start generating; return the gRPC port."""
+        self.port = await self.grpc_server.start()
+        self.metrics_port = self.app.metrics.m.serve(self.cfg.rollout.metrics_port, self.cfg.rollout.host)
+        await self.app.setup()
+        await self.app.run_background()
+        self.app.identity.state = common_pb2.SERVING_STATE_SERVING
+        await self.grpc_server.set_serving(True)
+        return self.port
+
+    async def stop(self) -> None:
+        self.app.identity.state = common_pb2.SERVING_STATE_STOPPING
+        await self.app.close()
+        await self.grpc_server.stop()
+
+
+async def build(cfg) -> RolloutService:
+    """A rollout service, not started (call `await svc.start()`)."""
+    return RolloutService(cfg)
+
+
+async def serve(cfg) -> None:
+    svc = await build(cfg)
+    try:
+        await svc.start()
+        stop_wait = asyncio.create_task(svc.grpc_server.wait_for_stop())
+        done_wait = asyncio.create_task(svc.app.finished.wait())
+        await asyncio.wait([stop_wait, done_wait], return_when=asyncio.FIRST_COMPLETED)
+        if svc.app.finished.is_set():
+            log.info("training is done; rollout exits")
+    finally:
+        await svc.stop()
+
+
+def main(cfg) -> int:
+    setup_logging("rollout", cfg.log_format, cfg.log_level)
+    log.info("config: %s", cfg.model_dump_json(exclude={"auth"}))
+    try:
+        asyncio.run(serve(cfg))
+    except (TimeoutError, VLLMIncompatible, ValueError) as exc:  # expected start-up failures
+        log.error("cannot start the rollout service: %s", exc)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - anything else, with its traceback
+        log.exception("rollout failed: %s", exc)
+        return 1
+    return 0

@@ -1,0 +1,24 @@
+"""RolloutService over gRPC: liveness and status; translation only."""
+
+from __future__ import annotations
+
+from agrpo.v1 import common_pb2
+from agrpo.v1 import rollout_service_pb2_grpc as rollout_grpc
+from services.common.errors import grpc_errors
+from services.common.identity import now_timestamp
+
+
+class RolloutServicer(rollout_grpc.RolloutServiceServicer):
+    """Answers Heartbeat and GetStatus from the running RolloutApp."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    @grpc_errors
+    async def Heartbeat(self, request, context):
+        return common_pb2.HeartbeatResponse(receiver=self.app.identity.info(),
+                                            policy_version=self.app.version(), sent_at=now_timestamp())
+
+    @grpc_errors
+    async def GetStatus(self, request, context):
+        return common_pb2.GetStatusResponse(service=self.app.identity.info(), rollout=self.app.status())

@@ -1,0 +1,78 @@
+"""Follow the trainer: its policy versions (WatchPolicy) and its liveness (Heartbeat).
+
+Both loops reconnect with back-off forever; a trainer silent for longer than
+`heartbeat_stale_after_s` is reported by `TrainerLiveness` (health, logs, status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from agrpo.v1 import trainer_service_pb2 as trainer_pb
+from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
+from services.common.logging import get_logger
+
+log = get_logger("rollout.trainer_link")
+
+
+class TrainerLiveness:
+    """When the trainer was last heard from, and whether that is too long ago."""
+
+    def __init__(self, stale_after_s: float) -> None:
+        self.stale_after_s = stale_after_s
+        self.last_heard = time.monotonic()
+        self.ever_heard = False
+
+    def heard(self) -> None:
+        self.last_heard = time.monotonic()
+        self.ever_heard = True
+
+    @property
+    def silent_s(self) -> float:
+        return time.monotonic() - self.last_heard
+
+    @property
+    def stale(self) -> bool:
+        return self.silent_s > self.stale_after_s
+
+
+async def watch_policy(channel: grpc.aio.Channel, watcher_id: str, on_version, liveness: TrainerLiveness,
+                       reconnect_s: float) -> None:
+    """Stream policy versions into `on_version(int)` forever."""
+    stub = trainer_grpc.TrainerServiceStub(channel)
+    delay = reconnect_s
+    while True:
+        try:
+            async for pv in stub.WatchPolicy(trainer_pb.WatchPolicyRequest(watcher_id=watcher_id)):
+                liveness.heard()
+                delay = reconnect_s
+                on_version(int(pv.version))
+            log.warning("WatchPolicy ended; reconnecting")
+        except grpc.aio.AioRpcError as exc:
+            log.debug("WatchPolicy: %s; reconnecting in %.1f s", exc.code().name, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 10.0)
+
+
+async def heartbeat_loop(channel: grpc.aio.Channel, make_request, liveness: TrainerLiveness,
+                         interval_s: float, on_state) -> None:
+    """Ping the trainer every interval; call `on_state(stale: bool)` on every change."""
+    stub = trainer_grpc.TrainerServiceStub(channel)
+    was_stale = False
+    while True:
+        try:
+            await stub.Heartbeat(make_request(), timeout=max(interval_s, 1.0))
+            liveness.heard()
+        except grpc.aio.AioRpcError:
+            pass
+        if liveness.stale != was_stale:
+            was_stale = liveness.stale
+            if was_stale:
+                log.warning("trainer silent for %.0f s (> heartbeat_stale_after_s)", liveness.silent_s)
+            else:
+                log.info("trainer heard from again")
+            await on_state(was_stale)
+        await asyncio.sleep(interval_s)

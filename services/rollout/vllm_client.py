@@ -1,0 +1,226 @@
+"""One vLLM server over HTTP: start-up handshake, token-in/token-out generation, abort.
+
+Prefers `/inference/v1/generate` (token ids in and out, per-token logprobs and
+per-token `weight_versions` spans); falls back to `/v1/completions` with
+`return_token_ids`. Both return vLLM's `processed_logprobs` when the server runs
+with `--logprobs-mode processed_logprobs`, i.e. the distribution actually sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from services.common.logging import get_logger
+
+log = get_logger("rollout.vllm")
+
+
+class VLLMError(RuntimeError):
+    """A request to vLLM failed (HTTP error, bad payload, connection loss, timeout)."""
+
+
+class VLLMIncompatible(RuntimeError):
+    """The server cannot be used (too old, not in dev mode): fatal at start."""
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """The seed's sampling parameters for one completion."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+
+    def params(self) -> dict[str, Any]:
+        """vLLM SamplingParams fields (top_k <= 0 means disabled: sent as -1)."""
+        out = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+               "top_k": self.top_k if self.top_k > 0 else -1,
+               "repetition_penalty": self.repetition_penalty, "n": 1}
+        if self.min_p is not None:
+            out["min_p"] = self.min_p
+        return out
+
+
+@dataclass
+class Completion:
+    """One generated completion, token for token."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None
+    # (weight label, start, end) over token_ids; empty when the server gives none.
+    spans: list[tuple[str, int, int]] = field(default_factory=list)
+    latency_s: float = 0.0
+    server: str = ""
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """'0.32.0' / '0.30.1.dev3+g12' -> (0, 32, 0) / (0, 30, 1)."""
+    parts = []
+    for piece in text.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+@dataclass
+class ServerInfo:
+    """What the handshake learned about a server."""
+
+    version: str
+    model: str
+    max_model_len: int
+    has_generate: bool
+
+
+class VLLMClient:
+    """Talks to one vLLM base URL through a shared aiohttp session."""
+
+    def __init__(self, base_url: str, session: aiohttp.ClientSession, *, request_timeout: float,
+                 model: str | None = None, endpoint: str = "auto") -> None:
+        self.base_url = base_url.rstrip("/")
+        self.session = session
+        self.timeout = aiohttp.ClientTimeout(total=request_timeout)
+        self.model = model
+        self.endpoint = endpoint
+        self.info: ServerInfo | None = None
+
+    async def _get(self, path: str, timeout: float = 10.0) -> Any:
+        async with self.session.get(self.base_url + path,
+                                    timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+            r.raise_for_status()
+            return await r.json(content_type=None)
+
+    async def healthy(self, timeout: float = 5.0) -> bool:
+        """True when GET /health answers 200."""
+        try:
+            async with self.session.get(self.base_url + "/health",
+                                        timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> None:
+        """Poll /health until 200; TimeoutError after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while not await self.healthy():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vLLM at {self.base_url} not healthy after {timeout_s:.0f} s "
+                                   "(vllm_server_timeout)")
+            await asyncio.sleep(poll_s)
+
+    async def handshake(self, timeout_s: float, min_version: str) -> ServerInfo:
+        """Wait for health, check version and dev mode, read the model and max_model_len."""
+        await self.wait_healthy(timeout_s)
+        version = (await self._get("/version")).get("version", "0")
+        if parse_version(version) < parse_version(min_version):
+            raise VLLMIncompatible(f"vLLM at {self.base_url} is {version}; agrpo needs >= {min_version} "
+                                   "(RL weight-update API). Upgrade vLLM.")
+        try:
+            await self._get("/is_paused")
+        except aiohttp.ClientResponseError as exc:
+            raise VLLMIncompatible(
+                f"vLLM at {self.base_url} is not in dev mode (GET /is_paused -> {exc.status}); start it "
+                "with VLLM_SERVER_DEV_MODE=1 so the trainer can pause it and push weights") from None
+        models = (await self._get("/v1/models"))["data"]
+        model = self.model or models[0]["id"]
+        entry = next((m for m in models if m["id"] == model), models[0])
+        self.model = entry["id"]
+        has_generate = self.endpoint != "completions" and await self._probe_generate()
+        if self.endpoint == "generate" and not has_generate:
+            raise VLLMIncompatible(f"vLLM at {self.base_url} does not serve /inference/v1/generate; "
+                                   "start it with --enable-scale-out or set rollout.generate_endpoint")
+        self.info = ServerInfo(version, self.model, int(entry["max_model_len"]), has_generate)
+        log.info("vLLM %s at %s: model %s, max_model_len %d, endpoint %s", version, self.base_url,
+                 self.model, self.info.max_model_len,
+                 "/inference/v1/generate" if has_generate else "/v1/completions")
+        return self.info
+
+    async def _probe_generate(self) -> bool:
+        body = {"token_ids": [0], "sampling_params": {"max_tokens": 1, "temperature": 0.0}}
+        try:
+            async with self.session.post(self.base_url + "/inference/v1/generate", json=body,
+                                         timeout=aiohttp.ClientTimeout(total=60)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
+    async def weight_label(self) -> str | None:
+        """The server's current weight version label (GET /weight_info), if offered."""
+        try:
+            return (await self._get("/weight_info", timeout=5.0)).get("weight_version")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return None
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
+                       request_id: str) -> Completion:
+        """One completion; raises VLLMError on any failure."""
+        t0 = time.monotonic()
+        try:
+            if self.info is not None and self.info.has_generate:
+                out = await self._generate_tokens(prompt_ids, sampling, request_id)
+            else:
+                out = await self._completions(prompt_ids, sampling, request_id)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, TypeError,
+                ValueError) as exc:
+            raise VLLMError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
+        out.latency_s = time.monotonic() - t0
+        out.server = self.base_url
+        if len(out.logprobs) != len(out.token_ids):
+            raise VLLMError(f"{self.base_url}: {len(out.token_ids)} tokens but {len(out.logprobs)} logprobs")
+        return out
+
+    async def _post(self, path: str, body: dict) -> dict:
+        async with self.session.post(self.base_url + path, json=body, timeout=self.timeout) as r:
+            if r.status != 200:
+                text = (await r.text())[:500]
+                raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message=text)
+            return await r.json(content_type=None)
+
+    async def _generate_tokens(self, prompt_ids, sampling, request_id) -> Completion:
+        params = {**sampling.params(), "logprobs": 0}
+        data = await self._post("/inference/v1/generate", {
+            "request_id": request_id, "token_ids": prompt_ids, "sampling_params": params,
+            "model": self.model})
+        choice = data["choices"][0]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        spans = [(str(s["version"]), int(s["start"]), int(s["end"]))
+                 for s in choice.get("weight_versions") or []]
+        return Completion(list(choice["token_ids"]), [float(c["logprob"]) for c in content],
+                          choice.get("finish_reason"), spans)
+
+    async def _completions(self, prompt_ids, sampling, request_id) -> Completion:
+        params = sampling.params()
+        params.pop("n")
+        data = await self._post("/v1/completions", {
+            "model": self.model, "prompt": prompt_ids, "n": 1, "logprobs": 0,
+            "return_token_ids": True, "request_id": request_id, **params})
+        choice = data["choices"][0]
+        spans = [(str(s["version"]), int(s["start"]), int(s["end"]))
+                 for s in choice.get("weight_versions") or []]
+        lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        return Completion(list(choice["token_ids"]), [float(x) for x in lps],
+                          choice.get("finish_reason"), spans)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        """Best-effort abort of in-flight requests (the cancelled HTTP call aborts too)."""
+        if not request_ids:
+            return
+        ids = [*request_ids, *(f"generate-tokens-{r}" for r in request_ids)]
+        path = "/inference/v1/abort_requests" if self.info and self.info.has_generate else "/abort_requests"
+        try:
+            async with self.session.post(self.base_url + path, json={"request_ids": ids},
+                                         timeout=aiohttp.ClientTimeout(total=5)) as r:
+                await r.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            pass

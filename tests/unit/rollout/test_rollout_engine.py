@@ -1,0 +1,154 @@
+"""Engine logic with fake balancer, scorer and sender (unit level)."""
+
+import asyncio
+
+import pytest
+
+from services.common.config import AgrpoConfig
+from services.rollout.balancer import GenerationFailed
+from services.rollout.data import Prompt, PromptSet
+from services.rollout.engine import Engine, label_version
+from services.rollout.metrics import RolloutMetrics
+from services.rollout.schedule import PromptScheduler
+from services.rollout.scoring import GroupScores
+from services.rollout.vllm_client import Completion
+
+
+class FakeBalancer:
+    def __init__(self, spans=(), fail_prompts=(), block=None):
+        self.spans = list(spans)
+        self.fail_prompts = set(fail_prompts)
+        self.block = block
+        self.active = 0
+        self.peak = 0
+        self.aborted = []
+
+    async def generate(self, prompt_ids, sampling, request_id):
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            if self.block is not None:
+                await self.block.wait()
+            await asyncio.sleep(0.001)
+            if prompt_ids[0] in self.fail_prompts:
+                self.fail_prompts.discard(prompt_ids[0])
+                raise GenerationFailed("boom")
+            return Completion([7, 8], [-0.1, -0.2], "stop", spans=self.spans, latency_s=0.01)
+        finally:
+            self.active -= 1
+
+    async def abort(self, ids):
+        self.aborted.extend(ids)
+
+
+class FakeScorer:
+    async def score(self, request):
+        n = len(request.items)
+        return GroupScores([float(i) for i in range(n)], {"f": [float(i) for i in range(n)]})
+
+
+class FakeSender:
+    def __init__(self):
+        self.groups = []
+        self.held = 0
+
+    def add_group(self, key, version, samples):
+        self.groups.append((key, version, samples))
+
+    def sweep_stale(self):
+        return 0
+
+
+class Tok:
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def make(n_prompts=4, G=2, balancer=None, **over):
+    cfg = AgrpoConfig.model_validate({"num_generations": G, "max_staleness": 1, "max_completion_length": 4,
+                                      "max_inflight_tasks": over.pop("inflight", 4), **over})
+    prompts = PromptSet([Prompt(i, f"p{i}", [100 + i], f"p{i}") for i in range(n_prompts)], 0, n_prompts, 0)
+    sched = PromptScheduler(lambda e: list(range(n_prompts)), 1)
+    sender = FakeSender()
+    eng = Engine(cfg, prompts=prompts, tokenizer=Tok(), scheduler=sched, balancer=balancer or FakeBalancer(),
+                 scorer=FakeScorer(), sender=sender, metrics=RolloutMetrics(), producer_id="p")
+    return eng, sched, sender
+
+
+async def run_until(eng, pred, timeout=5.0):
+    task = asyncio.create_task(eng.run())
+    try:
+        for _ in range(int(timeout / 0.01)):
+            if pred():
+                break
+            await asyncio.sleep(0.01)
+        assert pred()
+    finally:
+        eng.stop()
+        await task
+
+
+async def test_groups_become_samples_with_layout_and_advantages():
+    eng, sched, sender = make()
+    await run_until(eng, lambda: len(sender.groups) == 4)
+    key, version, samples = sender.groups[0]
+    assert version == 0 and len(samples) == 2
+    s = samples[1]
+    assert list(s.input_ids) == [100 + key[0], 7, 8] and list(s.completion_mask) == [0, 1, 1]
+    assert list(s.behavior_logprobs) == pytest.approx([0.0, -0.1, -0.2]) and s.prompt_length == 1
+    assert [x.advantage for x in samples] == pytest.approx([-1.0, 1.0], abs=1e-6)
+    assert s.reward_components["f"] == 1.0 and s.metrics["rewards/f"] == 1.0
+
+
+async def test_inflight_limit_is_respected():
+    bal = FakeBalancer()
+    eng, _, sender = make(n_prompts=10, G=2, balancer=bal, inflight=4)
+    await run_until(eng, lambda: len(sender.groups) == 10)
+    assert bal.peak <= 4
+
+
+async def test_failed_generation_reissues_the_prompt():
+    eng, sched, sender = make(balancer=FakeBalancer(fail_prompts={101}))
+    await run_until(eng, lambda: len(sender.groups) == 4)
+    assert eng.drops == {"generation_failed": 1} and sched.reissued == 1
+    assert sorted(k for k, _, _ in sender.groups) == [(i, 0) for i in range(4)]
+
+
+async def test_version_bump_aborts_stale_inflight_groups_and_reissues():
+    block = asyncio.Event()
+    bal = FakeBalancer(block=block)
+    eng, sched, sender = make(n_prompts=2, G=2, balancer=bal)
+    task = asyncio.create_task(eng.run())
+    for _ in range(100):
+        if len(eng.generating) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert len(eng.generating) == 2
+    eng.on_version(2)  # max_staleness 1: both groups dispatched at 0 are now too stale
+    assert eng.drops == {"stale_inflight": 2}
+    await asyncio.sleep(0.05)
+    assert len(bal.aborted) == 4
+    block.set()
+    for _ in range(200):
+        if len(sender.groups) == 2:
+            break
+        await asyncio.sleep(0.01)
+    eng.stop()
+    await task
+    assert sorted(k for k, _, _ in sender.groups) == [(0, 0), (1, 0)]
+    assert {v for _, v, _ in sender.groups} == {2}  # re-issued under the new version
+
+
+async def test_tag_is_the_oldest_span_version():
+    eng, _, sender = make(n_prompts=1, balancer=FakeBalancer(spans=[("3", 0, 1), ("4", 1, 2)]), max_staleness=4)
+    eng.version = 4
+    await run_until(eng, lambda: len(sender.groups) == 1)
+    _, version, samples = sender.groups[0]
+    assert version == 3
+    assert [(v.policy_version, v.start, v.end) for v in samples[0].version_spans] == [(3, 1, 2), (4, 2, 3)]
+
+
+def test_label_version():
+    assert label_version("default", 9) == 0
+    assert label_version("12", 9) == 12
+    assert label_version("step-1", 9) == 9
