@@ -7,6 +7,7 @@ Writes <out>/metrics.jsonl, <out>/reward_loss.png, <out>/summary.json and servic
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -26,7 +27,7 @@ def parse(argv: list[str]):
     p.add_argument("--timeout", type=float, default=1800, help="give up after this many seconds")
     a = p.parse_args(argv)
     return DemoOptions(model=a.model, steps=a.steps, num_prompts=a.num_prompts, epochs=a.epochs,
-                       out=a.out, cache=a.cache, learning_rate=a.learning_rate, timeout_s=a.timeout)
+                       out=a.out.resolve(), cache=a.cache.resolve(), learning_rate=a.learning_rate, timeout_s=a.timeout)
 
 
 def main(argv: list[str]) -> int:
@@ -39,6 +40,9 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("\n[demo] interrupted: every process it started has been stopped")
         return 130
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        print(f"\n[demo] failed: {exc}\n[demo] logs: {opts.out / 'logs'}", file=sys.stderr)
+        return 1
     print(f"\n[demo] {result['steps']} steps in {result['wall_s']:.0f} s | reward first 10 steps "
           f"{result['reward_first10']:.3f} -> last 10 steps {result['reward_last10']:.3f} "
           f"({result['reward_gain']:+.3f})")

@@ -79,6 +79,21 @@ class ServiceProcess:
         self.proc.wait(timeout=10)
 
 
+def trainer_done(address: str) -> bool:
+    """True once the trainer reports SERVING_STATE_DONE (it keeps serving status after)."""
+    import grpc
+
+    from agrpo.v1 import common_pb2, trainer_service_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(address) as channel:
+            resp = trainer_service_pb2_grpc.TrainerServiceStub(channel).GetStatus(
+                common_pb2.GetStatusRequest(), timeout=5)
+    except grpc.RpcError:
+        return False
+    return resp.service.state == common_pb2.SERVING_STATE_DONE
+
+
 def agrpo_argv(service: str, config_path: Path, *flags: str) -> list[str]:
     """The command line of one service, run by this interpreter."""
     return [sys.executable, "-m", "services.cli", service, "--config", str(config_path), *flags]

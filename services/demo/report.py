@@ -28,8 +28,10 @@ def _num(row: dict, key: str) -> float:
     return float(value) if isinstance(value, (int, float)) else float("nan")
 
 
-def step_line(row: dict, samples_per_s: float) -> str:
+def step_line(row: dict) -> str:
     """`step 12 | v 12 | reward 0.41 | staleness 0.8 | 21.3 samples/s | loss -0.003`."""
+    wall = _num(row, "perf/step_s") + _num(row, "perf/wait_s")
+    samples_per_s = _num(row, "sample/trained") / wall if wall > 0 else float("nan")
     return (f"step {int(row['step']):>4} | v {int(_num(row, 'policy_version')):>3} | "
             f"reward {_num(row, 'reward'):.3f} | staleness {_num(row, 'sample/staleness_mean'):.2f} | "
             f"{samples_per_s:5.1f} samples/s | loss {_num(row, 'loss'):+.4f}")

@@ -17,7 +17,7 @@ import yaml
 from services.common.vllm_process import VLLMServer, free_port
 
 from . import models, report
-from .processes import ServiceProcess, agrpo_argv
+from .processes import ServiceProcess, agrpo_argv, trainer_done
 from .task import write_arithmetic_dataset
 
 
@@ -64,26 +64,26 @@ def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str) 
     return path
 
 
-def _follow(metrics: Path, trainer: ServiceProcess, others: list[ServiceProcess],
+def _follow(metrics: Path, trainer: ServiceProcess, trainer_addr: str, others: list[ServiceProcess],
             total: int | None, timeout_s: float) -> list[dict]:
-    """Print a line per new step until the trainer exits; return every step record."""
+    """Print a line per new step until the trainer is done; return every step record."""
     from tqdm import tqdm
 
     bar = tqdm(total=total, unit="step", dynamic_ncols=True, leave=True)
-    seen, last_t, t_end = 0, time.monotonic(), time.monotonic() + timeout_s
+    seen, t_end = 0, time.monotonic() + timeout_s
     try:
         while True:
             rows = report.read_steps(metrics)
             for row in rows[seen:]:
-                now = time.monotonic()
-                bar.write(report.step_line(row, row.get("sample/trained", 0) / max(now - last_t, 1e-6)))
+                bar.write(report.step_line(row))
                 bar.update(1)
-                last_t = now
             seen = len(rows)
             if not trainer.alive():
+                raise RuntimeError(f"trainer exited with code {trainer.proc.returncode}:\n{trainer.log_tail()}")
+            if trainer_done(trainer_addr):
                 return report.read_steps(metrics)
-            for proc in others:
-                if not proc.alive():
+            for proc in others:  # rollout exits 0 by itself once training is done
+                if not proc.alive() and proc.proc.returncode != 0:
                     raise RuntimeError(f"{proc.name} died:\n{proc.log_tail()}")
             if time.monotonic() > t_end:
                 raise TimeoutError(f"demo did not finish within {timeout_s:.0f} s")
@@ -114,10 +114,8 @@ def run(opts: DemoOptions) -> dict:
             proc.wait_healthy(f"127.0.0.1:{cfg[svc]['port']}", "", ready_s)
             procs[svc] = proc
         total = None if opts.epochs else opts.steps
-        rows = _follow(opts.out / "metrics.jsonl", procs["trainer"],
+        rows = _follow(opts.out / "metrics.jsonl", procs["trainer"], f"127.0.0.1:{cfg['trainer']['port']}",
                        [procs["reward"], procs["rollout"]], total, opts.timeout_s)
-        if procs["trainer"].proc.returncode != 0:
-            raise RuntimeError(f"trainer failed:\n{procs['trainer'].log_tail()}")
     finally:
         for proc in reversed(started):
             proc.stop()

@@ -26,7 +26,7 @@ from services.common.logging import get_logger
 
 from . import checkpoint
 from .audit import TrainedSampleLog
-from .buffer import SampleBuffer
+from .buffer import SampleBuffer, is_stale
 from .state import TrainState
 from .engine import Engine
 from .intake import Intake
@@ -47,6 +47,7 @@ class StepInput:
     batches: list[MicroBatch]
     wait_s: float = 0.0
     stale: list[Sample] = field(default_factory=list)
+    trained_version: int = 0  # the trainer's version when the step trained (before publishing)
 
 
 class TrainerLoop:
@@ -139,6 +140,11 @@ class TrainerLoop:
         version = self.state.version + 1
         report = await self._sync(version)
         self._commit_version(version, report.synced)
+        # Samples waiting in open rows were fresh when popped; a new version can make
+        # them stale before their micro-batch closes. Never train past max_staleness.
+        late = self.batcher.evict(lambda s: is_stale(s, version, self.cfg.max_staleness))
+        if late:
+            self._drop_stale(late)
 
     async def reconcile(self) -> None:
         """Re-sync servers that restarted or missed a version."""
@@ -248,6 +254,7 @@ class TrainerLoop:
         stats["perf/step_s"] = time.perf_counter() - t0
         samples = [s for mb in step_in.batches for s in mb.samples]
         self.ledger.record(samples)
+        step_in.trained_version = self.state.version
         self.state.step += 1
         self.audit.write(self.state.step, self.state.version, samples)
         self.intake.settle(samples, Outcome.TRAINED)

@@ -290,6 +290,22 @@ class TokenBudgetBatcher:
         self.rows = [TreeRow() for _ in range(self.num_rows)]
         return batch
 
+    def evict(self, predicate: Callable[[Sample], bool]) -> list[Sample]:
+        """Remove open samples matching `predicate` (e.g. stale after a version bump).
+
+        Survivors keep their rows, so every row still fits its budget."""
+        evicted, rows = [], []
+        for old in self.rows:
+            row = TreeRow()
+            for s in old.samples:
+                if predicate(s):
+                    evicted.append(s)
+                else:
+                    row.add(s)
+            rows.append(row)
+        self.rows = rows
+        return evicted
+
     def flush(self) -> MicroBatch | None:
         """Close what is open, when every row can be non-empty; else keep it."""
         if self.num_samples < self.num_rows:
@@ -341,6 +357,12 @@ class FixedCountBatcher:
     @property
     def num_samples(self) -> int:
         return len(self.pending)
+
+    def evict(self, predicate: Callable[[Sample], bool]) -> list[Sample]:
+        """Remove pending samples matching `predicate`."""
+        evicted = [s for s in self.pending if predicate(s)]
+        self.pending = [s for s in self.pending if not predicate(s)]
+        return evicted
 
     def add(self, sample: Sample) -> list[MicroBatch]:
         self.pending.append(sample)

@@ -32,3 +32,18 @@ def test_same_key_in_another_epoch_is_a_different_prompt():
     ledger = Ledger(prompts_per_epoch=4)
     ledger.record([_sample("a1", "g1", key=(3, 0))])
     assert ledger.claim(_sample("b1", "g2", key=(3, 1)))
+
+
+def test_batchers_evict_samples_that_went_stale_in_open_rows():
+    from services.trainer.buffer import is_stale
+    from services.trainer.packing import FixedCountBatcher, TokenBudgetBatcher
+
+    old, fresh = _sample("o1", "g1"), _sample("f1", "g2", key=(5, 0))
+    fresh.policy_version = 3
+    for batcher in (TokenBudgetBatcher(num_rows=1, budget=64), FixedCountBatcher(num_rows=1, batch_size=8)):
+        assert batcher.add(old) == [] and batcher.add(fresh) == []
+        evicted = batcher.evict(lambda s: is_stale(s, version=4, max_staleness=2))
+        assert [s.sample_id for s in evicted] == ["o1"]
+        assert batcher.num_samples == 1
+        closed = batcher.flush()
+        assert [s.sample_id for s in closed.samples] == ["f1"]
