@@ -7,6 +7,7 @@ Writes <out>/metrics.jsonl, <out>/reward_loss.png, <out>/summary.json and servic
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ def parse(argv: list[str]):
     p = argparse.ArgumentParser(prog="agrpo demo", description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
                    help="tiny: random 0.5M model, digit-share reward; smollm2: SmolLM2-135M, accuracy")
-    p.add_argument("--steps", type=int, default=40, help="optimizer steps (default 40)")
+    p.add_argument("--steps", type=int, default=80, help="optimizer steps (default 80)")
     p.add_argument("--epochs", type=float, default=None, help="train this many epochs instead of --steps")
     p.add_argument("--num-prompts", type=int, default=64, help="arithmetic prompts in the dataset")
     p.add_argument("--learning-rate", type=float, default=None)
@@ -35,6 +36,8 @@ def main(argv: list[str]) -> int:
     from .runner import run
 
     opts = parse(argv)
+    # SIGTERM unwinds like Ctrl-C, so the runner's cleanup stops every child process.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         result = run(opts)
     except KeyboardInterrupt:

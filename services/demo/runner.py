@@ -26,7 +26,7 @@ class DemoOptions:
     """What `agrpo demo` was asked for."""
 
     model: str = "tiny"
-    steps: int = 40
+    steps: int = 80
     num_prompts: int = 64
     epochs: float | None = None
     out: Path = Path("demo_output")

@@ -10,27 +10,46 @@ Protocol facts (reference/vllm-rl-api.md §2):
   vLLM >= 0.28: they move to init_info; update_info is only {names, dtype_names, shapes}
   and any extra key is rejected.
 - vLLM >= 0.30 accepts `nccl_unique_id_b64` (base64 of the 128-byte ncclUniqueId), so
-  the trainer side needs only torch's own NCCL bindings. Older servers rendezvous
-  through vLLM's TCPStore with a pickled vLLM object: not supported here (clear error).
-Pure functions (metadata, chunk plan, payloads) are unit-tested on CPU; the sender is
-verified on GPUs by the GPU issue.
+  the trainer side needs only torch's own NCCL bindings (rendezvous "b64").
+- Older servers rendezvous through a TCPStore that the trainer (rank 0) hosts: the
+  workers read key "broadcast_from/0/0", a pickle of vLLM's ctypes `ncclUniqueId`.
+  Rendezvous "vllm" imports vLLM lazily (only here) and uses its StatelessProcessGroup
+  + PyNcclCommunicator; "store" needs no vLLM: it hosts the TCPStore itself and
+  writes the same pickle bytes by hand (`unique_id_pickle`).
+- Without vLLM, the NCCL calls go through `NcclLib`, a ctypes binding of torch's own
+  libnccl.so.2 (torch.cuda.nccl.init_rank is broken on Python >= 3.10, see there).
+  "auto" picks b64 on >= 0.30, else vllm when importable, else store.
+Every blocking step (rendezvous, broadcast + stream sync, the server's HTTP call) has
+a timeout and fails as a WeightSyncError naming the phase, never as a silent hang.
+Pure functions (metadata, chunk plan, payloads) are unit-tested on CPU; the senders
+were run against real vLLM 0.26 on 2x H200 (docs/gpu.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import inspect
 import math
 import re
-from dataclasses import dataclass
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from urllib.parse import urlparse
 
 import torch
 
-from .client import VLLMAdmin
+from services.common.logging import get_logger
+
+from .client import VLLMAdmin, WeightSyncError
 from .transports import Prepared
 
 DEFAULT_BUFFER_BYTES = 1 << 30
 DEFAULT_NUM_BUFFERS = 2
+VLLM_UNIQUE_ID_CLASS = ("vllm.distributed.device_communicators.pynccl_wrapper", "ncclUniqueId")
+
+log = get_logger("trainer.weight_sync.nccl")
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -109,38 +128,232 @@ def pack_chunk(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.contiguous().view(torch.uint8).reshape(-1) for t in tensors])
 
 
+def unique_id_pickle(uid: bytes, cls: tuple[str, str] = VLLM_UNIQUE_ID_CLASS) -> bytes:
+    """Pickle bytes that load as vLLM's ctypes `ncclUniqueId` holding `uid`.
+
+    ctypes pickles a Structure as `_ctypes._unpickle(cls, (__dict__, raw bytes))`; we
+    write those opcodes directly (protocol 3) so the trainer never imports vLLM.
+    """
+    if len(uid) != 128:
+        raise ValueError(f"ncclUniqueId is 128 bytes, got {len(uid)}")
+    module, name = cls
+    return (b"\x80\x03" + b"c_ctypes\n_unpickle\n" + f"c{module}\n{name}\n".encode()
+            + b"}" + b"C\x80" + uid + b"\x86\x86R.")
+
+
+def local_address_for(url: str) -> str:
+    """This host's address on the route to the server (no packet is sent)."""
+    host = urlparse(url).hostname or "127.0.0.1"
+    if host in ("localhost", "127.0.0.1", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+        return s.getsockname()[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class NcclLib:
+    """A minimal ctypes binding of the libnccl.so.2 that torch already loaded.
+
+    torch.cuda.nccl.init_rank cannot be called on Python >= 3.10 (its C argument
+    parsing lacks PY_SSIZE_T_CLEAN: "SystemError: PY_SSIZE_T_CLEAN macro must be
+    defined for '#' formats", seen with torch 2.11 / Python 3.12 on H200s), so we bind
+    the five NCCL calls we need ourselves. No vLLM import.
+    """
+
+    UINT8, FLOAT32, SUM = 1, 7, 0
+
+    def __init__(self) -> None:
+        import ctypes
+
+        torch.cuda.init()  # loads torch_cuda and, with it, libnccl.so.2
+        try:
+            lib = ctypes.CDLL("libnccl.so.2")  # the already-loaded library (matched by soname)
+        except OSError:
+            import nvidia.nccl  # the pip package torch depends on
+
+            lib = ctypes.CDLL(f"{list(nvidia.nccl.__path__)[0]}/lib/libnccl.so.2")
+        self.ct, self.lib = ctypes, lib
+
+        class UniqueId(ctypes.Structure):
+            _fields_ = [("internal", ctypes.c_byte * 128)]
+        self.UniqueId = UniqueId
+        vp, sz, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+        lib.ncclGetErrorString.restype = ctypes.c_char_p
+        lib.ncclGetUniqueId.argtypes = [ctypes.POINTER(UniqueId)]
+        lib.ncclCommInitRank.argtypes = [ctypes.POINTER(vp), i, UniqueId, i]
+        lib.ncclAllReduce.argtypes = [vp, vp, sz, i, i, vp, vp]
+        lib.ncclBroadcast.argtypes = [vp, vp, sz, i, i, vp, vp]
+        lib.ncclCommAbort.argtypes = [vp]
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            raise RuntimeError(f"{what} failed: NCCL error {rc}: {self.lib.ncclGetErrorString(rc).decode()}")
+
+    def unique_id(self) -> bytes:
+        uid = self.UniqueId()
+        self._check(self.lib.ncclGetUniqueId(self.ct.byref(uid)), "ncclGetUniqueId")
+        return bytes(uid)
+
+    def init_rank(self, world: int, uid: bytes, rank: int):
+        comm, u = self.ct.c_void_p(), self.UniqueId()
+        self.ct.memmove(self.ct.addressof(u), uid, 128)
+        self._check(self.lib.ncclCommInitRank(self.ct.byref(comm), world, u, rank), "ncclCommInitRank")
+        return comm
+
+    def all_reduce_sum(self, t: torch.Tensor, comm, stream) -> None:
+        self._check(self.lib.ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), self.FLOAT32, self.SUM,
+                                           comm, stream.cuda_stream), "ncclAllReduce")
+
+    def broadcast(self, buf: torch.Tensor, comm, stream) -> None:
+        self._check(self.lib.ncclBroadcast(buf.data_ptr(), buf.data_ptr(), buf.numel(), self.UINT8, 0,
+                                           comm, stream.cuda_stream), "ncclBroadcast")
+
+    def abort(self, comm) -> None:
+        self.lib.ncclCommAbort(comm)
+
+
+_LIB: NcclLib | None = None
+
+
+def nccl_lib() -> NcclLib:
+    global _LIB
+    if _LIB is None:
+        _LIB = NcclLib()
+    return _LIB
+
+
+@dataclass
+class _Comm:
+    """One rank-0 communicator: our ctypes binding ("nccl") or vLLM's PyNccl ("pynccl")."""
+
+    kind: str
+    handle: object
+    proto: NcclProtocol
+    stream: object = None          # dedicated CUDA stream: a stuck peer never blocks training
+    keep: list = field(default_factory=list)  # the TCPStore must outlive the rendezvous
+
+    def broadcast(self, buf: torch.Tensor) -> None:
+        if self.kind == "nccl":
+            nccl_lib().broadcast(buf, self.handle, self.stream)
+        else:
+            self.handle.broadcast(buf, src=0, stream=self.stream)
+
+    def abort(self) -> None:
+        """Free a communicator stuck in a collective (its kernels then end with an error)."""
+        try:
+            if self.kind == "nccl":
+                nccl_lib().abort(self.handle)
+            else:
+                self.handle.destroy()
+        except Exception as exc:  # noqa: BLE001  (best effort on an already failed path)
+            log.warning("nccl abort failed: %s", exc)
+
+
 class NcclTransport:
-    """Rank-0 NCCL sender, one communicator per server (needs vLLM >= 0.30 and a GPU)."""
+    """Rank-0 NCCL sender, one communicator per server (needs a GPU separate from vLLM's)."""
 
     name = "nccl"
 
-    def __init__(self, buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> None:
-        self.buffer_bytes = buffer_bytes
-        self._comms: dict[str, tuple[object, NcclProtocol]] = {}
+    def __init__(self, buffer_bytes: int = DEFAULT_BUFFER_BYTES, rendezvous: str = "auto",
+                 timeout: float = 120.0, master_address: str | None = None) -> None:
+        if rendezvous not in ("auto", "b64", "vllm", "store"):
+            raise ValueError(f"unknown rendezvous {rendezvous!r}")
+        self.buffer_bytes, self.rendezvous, self.timeout = buffer_bytes, rendezvous, timeout
+        self.master_address = master_address
+        self._comms: dict[str, _Comm] = {}
+        self.last: dict[str, float] = {}  # pack_s, broadcast_s, server_s of the last send
+
+    def _choose(self, proto: NcclProtocol) -> str:
+        if self.rendezvous == "b64" and not proto.unique_id_b64:
+            raise ValueError("this vLLM (< 0.30) does not accept nccl_unique_id_b64")
+        if self.rendezvous != "auto":
+            return self.rendezvous
+        if proto.unique_id_b64:
+            return "b64"
+        try:
+            import vllm.distributed.weight_transfer.nccl_engine  # noqa: F401  (pre-0.30 only)
+            return "vllm"
+        except ImportError:
+            log.info("vLLM not importable: torch-only TCPStore rendezvous for a pre-0.30 server")
+            return "store"
 
     async def init(self, admin: VLLMAdmin) -> None:
         proto = NcclProtocol.for_version(await admin.server_version())
-        if not proto.unique_id_b64:
-            raise RuntimeError("nccl transport needs vLLM >= 0.30 (nccl_unique_id_b64 rendezvous)")
-        workers = int((await admin.call("init", "GET", "/get_world_size"))["world_size"])
-        world = workers + 1
-        uid = torch.cuda.nccl.unique_id()
-        post = asyncio.create_task(admin.init_engine(init_info(proto, world, unique_id=uid,
-                                                               buffer_bytes=self.buffer_bytes)))
-        comm = await asyncio.to_thread(_init_rank0, world, uid)
-        await post
-        self._comms[admin.url] = (comm, proto)
+        way = self._choose(proto)
+        world = int((await admin.call("init", "GET", "/get_world_size"))["world_size"]) + 1
+        if way == "b64":
+            uid = nccl_lib().unique_id()
+            info = init_info(proto, world, unique_id=uid, buffer_bytes=self.buffer_bytes)
+            local = lambda: _Comm("nccl", _init_rank0(world, uid), proto)  # noqa: E731
+        else:
+            addr = self.master_address or local_address_for(admin.url)
+            port = free_port()
+            info = init_info(proto, world, master_address=addr, master_port=port,
+                             buffer_bytes=self.buffer_bytes)
+            local = (lambda: _vllm_rank0(addr, port, world, proto)) if way == "vllm" else \
+                (lambda: _store_rank0(addr, port, world, proto, self.timeout))
+        comm = await self._together(admin, "init", admin.init_engine(info), _on_device(local))
+        comm.stream = torch.cuda.Stream()
+        self._comms[admin.url] = comm
+        log.info("nccl rendezvous with %s: %s (%s, world %d)", admin.url, way, comm.kind, world)
+
+    async def _together(self, admin: VLLMAdmin, phase: str, remote, local):
+        """Run the server's HTTP call and a blocking local step at once; first error wins."""
+        post = asyncio.ensure_future(remote)
+        work = asyncio.ensure_future(asyncio.to_thread(local))
+        done, pending = await asyncio.wait({post, work}, timeout=self.timeout,
+                                           return_when=asyncio.FIRST_EXCEPTION)
+        for task in pending:
+            task.cancel()
+        if pending and not any(t.exception() for t in done):
+            raise WeightSyncError(phase, admin.url, f"nccl {phase} did not finish in {self.timeout:.0f} s"
+                                  f" ({'server' if post in pending else 'local'} side still waiting)")
+        for task in (post, work):
+            if task.done() and task.exception() is not None:
+                exc = task.exception()
+                if isinstance(exc, WeightSyncError):
+                    raise exc
+                raise WeightSyncError(phase, admin.url, f"{type(exc).__name__}: {exc}") from exc
+        return work.result()
 
     async def send(self, admin: VLLMAdmin, prepared: Prepared) -> None:
-        comm, proto = self._comms[admin.url]
+        comm = self._comms[admin.url]
         named = prepared.extra["named"]
-        meta = manifest(named)
-        post = asyncio.create_task(admin.update(update_info(proto, meta, self.buffer_bytes)))
         sizes = [t.numel() * t.element_size() for _, t in named]
-        for idx in packed_chunks(sizes, self.buffer_bytes):
-            buf = pack_chunk([named[i][1] for i in idx])
-            await asyncio.to_thread(torch.cuda.nccl.broadcast, [buf], 0, None, [comm])
-        await post
+        plan = packed_chunks(sizes, self.buffer_bytes)
+        t0 = time.perf_counter()
+        timing: dict[str, float] = {}
+
+        def broadcast_all() -> None:
+            comm.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(comm.stream):
+                for idx in plan:
+                    buf = pack_chunk([named[i][1] for i in idx])
+                    comm.broadcast(buf)
+                    buf.record_stream(comm.stream)
+            timing["enqueued_s"] = time.perf_counter() - t0
+            comm.stream.synchronize()
+            timing["broadcast_s"] = time.perf_counter() - t0
+
+        try:
+            await self._together(admin, "update", self._update(admin, proto_info(comm, named, self.buffer_bytes),
+                                                                   timing, t0), _on_device(broadcast_all))
+        except WeightSyncError:
+            self._comms.pop(admin.url, None)  # a half-done collective poisons the communicator
+            comm.abort()
+            raise
+        self.last = {"chunks": len(plan), **timing}
+
+    @staticmethod
+    async def _update(admin: VLLMAdmin, info: dict, timing: dict, t0: float) -> None:
+        await admin.update(info)
+        timing["server_s"] = time.perf_counter() - t0
 
     def prepare(self, named: list[tuple[str, torch.Tensor]], version: int) -> Prepared:
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
@@ -150,10 +363,49 @@ class NcclTransport:
         self._comms.clear()
 
 
+def _on_device(fn):
+    """Run `fn` in a worker thread on the caller's current CUDA device (it is per thread)."""
+    dev = torch.cuda.current_device()
+
+    def run():
+        with torch.cuda.device(dev):
+            return fn()
+    return run
+
+
+def proto_info(comm: _Comm, named: list[tuple[str, torch.Tensor]], buffer_bytes: int) -> dict:
+    return update_info(comm.proto, manifest(named), buffer_bytes)
+
+
 def _init_rank0(world: int, uid: bytes):
-    """ncclCommInitRank as rank 0, then the 1-element all_reduce warm-up vLLM expects."""
-    comm = torch.cuda.nccl.init_rank(world, uid, 0)
-    warm = torch.ones(1, device="cuda", dtype=torch.float32)
-    torch.cuda.nccl.all_reduce([warm], comms=[comm])
-    torch.cuda.synchronize()
+    """ncclCommInitRank as rank 0, then the 1-element float32 all_reduce warm-up vLLM expects."""
+    lib = nccl_lib()
+    comm = lib.init_rank(world, uid, 0)
+    warm = torch.zeros(1, device="cuda", dtype=torch.float32)
+    stream = torch.cuda.current_stream()
+    lib.all_reduce_sum(warm, comm, stream)
+    stream.synchronize()
     return comm
+
+
+def _store_rank0(addr: str, port: int, world: int, proto: NcclProtocol, timeout: float) -> _Comm:
+    """Torch-only pre-0.30 rendezvous: host the TCPStore, publish the pickled unique id."""
+    from torch.distributed import TCPStore
+
+    kw = dict(world_size=world, is_master=True, timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    try:
+        store = TCPStore(addr, port, use_libuv=False, **kw)
+    except (TypeError, RuntimeError):
+        store = TCPStore(addr, port, **kw)
+    uid = nccl_lib().unique_id()
+    store.set("broadcast_from/0/0", unique_id_pickle(uid))
+    return _Comm("nccl", _init_rank0(world, uid), proto, keep=[store])
+
+
+def _vllm_rank0(addr: str, port: int, world: int, proto: NcclProtocol) -> _Comm:
+    """Pre-0.30 rendezvous through vLLM's own helper (imports vLLM: only on this path)."""
+    from vllm.distributed.weight_transfer import nccl_common
+
+    info = {"master_address": addr, "master_port": port, "world_size": world}
+    kwargs = {"rank": 0} if "rank" in inspect.signature(nccl_common.trainer_init).parameters else {}
+    return _Comm("pynccl", nccl_common.trainer_init(info, **kwargs), proto)
