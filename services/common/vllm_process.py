@@ -50,7 +50,7 @@ class VLLMServer:
     )
 
     def __init__(self, model_dir, port: int | None = None, extra_args=(), startup_timeout: float = 240.0):
-        self.model_dir = str(model_dir)
+        self.model_dir = str(Path(model_dir).resolve())  # a relative path reads as a hub id
         self.model_name = self.model_dir  # vLLM's default served model name is the path
         self.port = port or free_port()
         self.extra_args = tuple(extra_args)
