@@ -40,7 +40,7 @@ def _task_settings(opts: DemoOptions) -> dict:
         return {"reward_funcs": [{"name": "accuracy"}], "max_completion_length": 48,
                 "learning_rate": opts.learning_rate or 1e-5, "temperature": 0.9}
     return {"reward_funcs": [{"name": "services.demo.task:digit_share"}], "max_completion_length": 24,
-            "learning_rate": opts.learning_rate or 2e-3, "temperature": 1.0}
+            "learning_rate": opts.learning_rate or 3e-3, "temperature": 1.0}
 
 
 def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str) -> Path:

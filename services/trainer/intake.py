@@ -51,8 +51,12 @@ class Intake:
 
     def __init__(self, buffer: SampleBuffer, ledger: Ledger,
                  max_tokens: Callable[[], int | None] = lambda: None,
-                 on_event: Callable[[str, Sample | None], None] = lambda kind, s: None) -> None:
+                 on_event: Callable[[str, Sample | None], None] = lambda kind, s: None,
+                 window: int | None = None) -> None:
         self.buffer, self.ledger = buffer, ledger
+        # Credits stop at `window` buffered samples (<= capacity): what the loop can
+        # train before it goes stale, so rollout does not generate work to drop.
+        self.window = min(window or buffer.capacity, buffer.capacity)
         self.max_tokens = max_tokens
         self.on_event = on_event  # metrics hook: ("received"|"duplicate"|"rejected", sample)
         self.streams: dict[str, ProducerStream] = {}
@@ -79,7 +83,8 @@ class Intake:
         self.regrant()
 
     def _free(self) -> int:
-        return max(0, self.buffer.free - sum(s.outstanding for s in self.streams.values()))
+        room = min(self.buffer.free, self.window - len(self.buffer))
+        return max(0, room - sum(s.outstanding for s in self.streams.values()))
 
     def receive(self, stream: ProducerStream, sample: Sample) -> Outcome:
         """Admit one sample: ACCEPTED, DUPLICATE (credit back) or REJECTED (credit back)."""

@@ -46,6 +46,14 @@ class Ledger:
         self.owners.setdefault(tuple(sample.prompt_key), sample.group_id)
         return True
 
+    def release(self, samples: Iterable[Sample]) -> None:
+        """Drop the claims of samples removed untrained (evicted as stale) unless their key
+        was trained meanwhile, so the prompt's re-issue can own it."""
+        for s in samples:
+            key = tuple(s.prompt_key)
+            if key not in self.trained_keys and self.owners.get(key) == s.group_id:
+                del self.owners[key]
+
     def record(self, samples: Iterable[Sample]) -> list[PromptKey]:
         """Mark samples trained; return prompt keys trained for the first time."""
         new = []

@@ -144,6 +144,7 @@ class TrainerLoop:
         # them stale before their micro-batch closes. Never train past max_staleness.
         late = self.batcher.evict(lambda s: is_stale(s, version, self.cfg.max_staleness))
         if late:
+            self.ledger.release(late)
             self._drop_stale(late)
 
     async def reconcile(self) -> None:

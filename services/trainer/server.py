@@ -45,7 +45,8 @@ class TrainerApp:
         self.metrics = TrainerMetrics()
         self.samples_received = 0
         self.intake_drops: dict[str, int] = {"duplicate": 0, "rejected": 0}
-        self.intake = Intake(self.buffer, self.state.ledger, self._max_tokens, self._on_intake)
+        self.intake = Intake(self.buffer, self.state.ledger, self._max_tokens, self._on_intake,
+                             window=credit_window(cfg))
         self.loop = None
         self.ready = False
         self.servicer = TrainerServicer(self, self.identity)
@@ -134,6 +135,15 @@ class TrainerApp:
         await self.grpc_server.stop()
         if self.loop is not None:
             await self.loop.syncer.close()
+
+
+def credit_window(cfg: AgrpoConfig) -> int:
+    """Samples the trainer lets rollout buffer ahead: trainer.credit_window, or by default
+    what max_staleness + 1 steps consume (more would only go stale), capped by queue_maxsize."""
+    if cfg.trainer.credit_window:
+        return min(cfg.trainer.credit_window, cfg.queue_maxsize)
+    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    return min(cfg.queue_maxsize, per_step * (cfg.max_staleness + 1))
 
 
 async def build(cfg: AgrpoConfig) -> TrainerApp:

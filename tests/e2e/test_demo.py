@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.slow]
 
-NUM_PROMPTS, EPOCHS, MAX_STALENESS = 24, 2, 2
+NUM_PROMPTS, EPOCHS, MAX_STALENESS = 48, 2, 2
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,8 @@ def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     proc = subprocess.run(
         [sys.executable, "-m", "services.cli", "demo", "--epochs", str(EPOCHS),
-         "--num-prompts", str(NUM_PROMPTS), "--out", str(out), "--timeout", "900"],
+         "--num-prompts", str(NUM_PROMPTS), "--learning-rate", "5e-3", "--out", str(out),
+         "--timeout", "900"],
         capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout

@@ -170,6 +170,8 @@ class TrainerSection(ServiceSection):
     """Train what is open after this long without a new sample (epoch tails, slow producers)."""
     reconcile_interval_s: float = Field(10.0, gt=0)
     """While idle, how often to check vLLM weight labels and re-sync restarted servers."""
+    credit_window: int | None = Field(None, ge=1)
+    """Samples rollout may buffer ahead of training; None: batch x grad-accum x (max_staleness + 1)."""
     peak_tflops: float | None = Field(None, gt=0)
     """Accelerator peak TFLOP/s for perf/mfu; None: MFU not logged."""
     forward: Literal["auto", "tree", "unpacked"] = "auto"

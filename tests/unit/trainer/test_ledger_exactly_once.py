@@ -47,3 +47,15 @@ def test_batchers_evict_samples_that_went_stale_in_open_rows():
         assert batcher.num_samples == 1
         closed = batcher.flush()
         assert [s.sample_id for s in closed.samples] == ["f1"]
+
+
+def test_released_claim_lets_the_reissue_own_the_key():
+    ledger = Ledger(prompts_per_epoch=4)
+    first = _sample("a1", "g1")
+    assert ledger.claim(first)
+    ledger.release([first])  # evicted as stale, never trained
+    assert ledger.claim(_sample("b1", "g2"))
+    trained = _sample("c1", "g3", key=(9, 0))
+    ledger.record([trained])
+    ledger.release([trained])  # trained keys stay owned
+    assert ledger.owned_by_other(_sample("d1", "g4", key=(9, 0)))
