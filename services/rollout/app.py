@@ -48,6 +48,7 @@ class RolloutApp:
         self._tasks: list[asyncio.Task] = []
         self._resumed = asyncio.Event()
         self.finished = asyncio.Event()
+        self.failure: BaseException | None = None
 
     # Start-up
     async def setup(self) -> None:
@@ -123,8 +124,12 @@ class RolloutApp:
             done_task.cancel()
             await asyncio.gather(engine_task, return_exceptions=True)
         if engine_task.done() and not engine_task.cancelled() and engine_task.exception():
-            log.error("generation loop failed", exc_info=engine_task.exception())
-        if self.sender.done.is_set():
+            # A bug in the loop must not leave a live process that generates nothing:
+            # fail the service so its supervisor restarts it (it resumes from the trainer).
+            self.failure = engine_task.exception()
+            log.error("generation loop failed", exc_info=self.failure)
+            self.finished.set()
+        elif self.sender.done.is_set():
             self.identity.state = common_pb2.SERVING_STATE_DONE
             self.finished.set()
 

@@ -27,7 +27,8 @@ from services.common.logging import get_logger
 
 from .advantage import group_advantages, group_stats
 from .balancer import GenerationFailed
-from .scoring import ScoringFailed, build_request
+from .multiturn.runner import merge_env_rewards
+from .scoring import GroupScores, ScoringFailed, build_request
 from .vllm_client import Completion, SamplingConfig
 
 log = get_logger("rollout.engine")
@@ -86,6 +87,10 @@ class Engine:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._tok_window: list[tuple[float, int]] = []
+        self.multiturn = None  # tools / environment_factory: conversations instead of completions
+        if cfg.tools or cfg.environment_factory:
+            from .multiturn.runner import MultiTurn
+            self.multiturn = MultiTurn(cfg, tokenizer, self)
 
     # Capacity
     @property
@@ -139,7 +144,8 @@ class Engine:
     async def _generate_group(self, group: Group) -> None:
         prompt = self.prompts[group.key[0]]
         try:
-            group.completions = await self._gather(prompt.prompt_ids, group)
+            group.completions = await (self.multiturn.gather(prompt, group) if self.multiturn
+                                       else self._gather(prompt.prompt_ids, group))
         except GenerationFailed as exc:
             log.warning("group %s failed: %s; re-issuing its prompt", group.group_id, exc)
             self._drop(group, "generation_failed")
@@ -187,6 +193,9 @@ class Engine:
             self.wake()
 
     def _tag(self, group: Group) -> None:
+        if self.multiturn:
+            group.version = self.multiturn.tag(group.completions, group.dispatch_version)
+            return
         versions = [label_version(label, group.dispatch_version)
                     for c in group.completions for label, s, e in c.spans if e > s]
         group.version = min(versions) if versions else group.dispatch_version
@@ -234,15 +243,19 @@ class Engine:
 
     async def _score_group(self, group: Group) -> None:
         prompt = self.prompts[group.key[0]]
-        ids = [c.token_ids for c in group.completions]
-        texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in ids]
-        completions = ([[{"role": "assistant", "content": t}] for t in texts]
-                       if prompt.conversational else texts)
+        if self.multiturn:
+            texts, completions, ids = self.multiturn.score_inputs(group, prompt)
+        else:
+            ids = [c.token_ids for c in group.completions]
+            texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in ids]
+            completions = ([[{"role": "assistant", "content": t}] for t in texts]
+                           if prompt.conversational else texts)
         request = build_request(group.group_id, prompt.prompt, completions, ids, prompt.columns)
         t0 = time.monotonic()
         wait_ms = (t0 - group.generated_at) * 1000  # queued for scoring
         try:
-            scores = await self.scorer.score(request)
+            scores = (GroupScores([math.nan] * len(ids), {}) if self.multiturn and not self.cfg.reward_funcs
+                      else await self.scorer.score(request))  # an environment may own the reward
         except ScoringFailed as exc:
             log.warning("group %s: %s; re-issuing later", group.group_id, exc)
             self._drop(group, "scoring_failed", self.cfg.rollout.reissue_delay_s)
@@ -252,7 +265,14 @@ class Engine:
         if self.version - group.version > self.cfg.max_staleness:
             self._drop(group, "stale_scored")
             return
-        samples = self._samples(group, prompt, texts, scores, scoring_ms, wait_ms)
+        if self.multiturn:
+            totals, comps = merge_env_rewards(scores.totals, scores.components, group.completions)
+            samples = self.multiturn.samples(group, prompt, texts, totals, comps, scoring_ms, wait_ms)
+            if not samples:
+                self._drop(group, "no_trained_tokens")
+                return
+        else:
+            samples = self._samples(group, prompt, texts, scores, scoring_ms, wait_ms)
         self.sender.add_group(group.key, group.version, samples)
 
     def _samples(self, group, prompt, texts, scores, scoring_ms, wait_ms) -> list:

@@ -64,6 +64,8 @@ async def serve(cfg) -> None:
         stop_wait = asyncio.create_task(svc.grpc_server.wait_for_stop())
         done_wait = asyncio.create_task(svc.app.finished.wait())
         await asyncio.wait([stop_wait, done_wait], return_when=asyncio.FIRST_COMPLETED)
+        if svc.app.failure is not None:
+            raise RuntimeError("generation loop failed") from svc.app.failure
         if svc.app.finished.is_set():
             log.info("training is done; rollout exits")
     finally:

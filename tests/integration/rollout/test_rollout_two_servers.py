@@ -78,7 +78,9 @@ async def test_generation_survives_a_stopped_server_and_uses_it_again(
     for s in trainer.trained:
         key = (s.prompt_key.dataset_index, s.prompt_key.epoch, s.group_id)
         counts[key] = counts.get(key, 0) + 1
-    assert all(n == G for n in counts.values())  # only whole groups arrive
+    # Groups arrive whole; only the one being sent when the trainer said done may be cut.
+    assert all(n <= G for n in counts.values())
+    assert sum(n != G for n in counts.values()) <= 1, counts
     per_key = {}
     for (i, e, _gid) in counts:
         per_key[(i, e)] = per_key.get((i, e), 0) + 1

@@ -1,0 +1,1 @@
+"""Multi-turn rollouts: tools, environments and token-exact reconciliation."""

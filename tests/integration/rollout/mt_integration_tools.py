@@ -1,0 +1,85 @@
+"""Tools and environments for the multi-turn integration tests (`mt_integration_tools:...`)."""
+
+import asyncio
+import time
+
+TABLE = {"x": "unset"}
+
+
+def lookup(key: str) -> str:
+    """Look a key up in a table the test controls.
+
+    Args:
+        key: The key.
+    """
+    return f"{key}={TABLE.get(key, 'missing')}"
+
+
+async def slow_double(x: int) -> int:
+    """Double a number (async).
+
+    Args:
+        x: The number.
+    """
+    await asyncio.sleep(0.01)
+    return 2 * x
+
+
+def explode(x: int) -> int:
+    """Raise an error.
+
+    Args:
+        x: Ignored.
+    """
+    raise ValueError("exploded on purpose")
+
+
+def stall(x: int) -> int:
+    """Never return in time.
+
+    Args:
+        x: Ignored.
+    """
+    time.sleep(5)
+    return x
+
+
+class ScoreEnv:
+    """Reward = 10 * increments + 1 (so a rollout without tool calls still scores 1)."""
+
+    def __init__(self):
+        self.n = 0
+
+    def reset(self, **row):
+        self.n = 0
+        return f" [goal {row.get('goal', '?')}]"
+
+    def bump(self, times: int) -> str:
+        """Bump the score.
+
+        Args:
+            times: How many bumps.
+        """
+        self.n += times
+        return f"bumped to {self.n}"
+
+    def get_reward(self) -> float:
+        return 10.0 * self.n + 1.0
+
+
+class ShoutEnv:
+    """Async reward: 2.0 always."""
+
+    def reset(self, **row):
+        return None
+
+    def shout(self, text: str) -> str:
+        """Upper-case text.
+
+        Args:
+            text: The text.
+        """
+        return text.upper()
+
+    async def get_reward(self) -> float:
+        return 2.0
