@@ -84,7 +84,8 @@ class _Worker:
             self.process.kill()
         self.process.join(5)
         code = self.process.exitcode
-        self.conn.close()
+        if not self.conn.closed:
+            self.conn.close()
         self.process = None
         return code
 
@@ -154,12 +155,14 @@ class WorkerPool:
     async def start(self) -> list[FunctionInfo]:
         """Start every worker; return the functions they loaded (WorkerStartError if not)."""
         loop = asyncio.get_running_loop()
-        try:
-            infos = await asyncio.gather(*(loop.run_in_executor(self._executor, w.start)
-                                           for w in self._workers))
-        except BaseException:
+        # Let every start finish before cleaning up: closing a worker another thread is
+        # still starting would race on its pipe.
+        infos = await asyncio.gather(*(loop.run_in_executor(self._executor, w.start)
+                                       for w in self._workers), return_exceptions=True)
+        failed = [r for r in infos if isinstance(r, BaseException)]
+        if failed:
             await self.close()
-            raise
+            raise failed[0]
         self._runners = [asyncio.create_task(self._run_worker(w)) for w in self._workers]
         return infos[0]
 
