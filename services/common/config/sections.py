@@ -147,6 +147,8 @@ class RolloutSection(ServiceSection):
     """Passes over the dataset to issue; None: ceil(num_train_epochs), unbounded with max_steps."""
     send_text: bool = True
     """Put decoded prompt and completion text in samples (for log_completions)."""
+    tool_timeout_s: float = Field(30.0, gt=0)
+    """Per-call timeout of a tool (multi-turn); a timeout becomes an error tool message."""
 
 
 class TrainerSection(ServiceSection):

@@ -132,6 +132,9 @@ class MultiTurn:
         finally:
             if inst is not None:
                 self.envs.release(spec, inst)
+        if res.turns == 0:
+            log.warning("prompt %d does not fit max_model_len with its tool schemas: no turn generated",
+                        prompt.index)
         self._count(res)
         return res
 
