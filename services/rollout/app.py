@@ -54,9 +54,9 @@ class RolloutApp:
     async def setup(self) -> None:
         """Handshake vLLM, load data, open channels; no generation yet."""
         cfg, r = self.cfg, self.cfg.rollout
-        if cfg.dataset.path is None:
+        if cfg.dataset.path is None and not cfg.environment_factory:
             raise ValueError("dataset.path is not set: give a hub id, a folder, or json/csv/parquet "
-                             "with dataset.data_files")
+                             "with dataset.data_files (or an environment_factory that writes prompts)")
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
             limit=max(cfg.resolved_max_inflight_tasks, cfg.num_generations) + 8))
         clients = [VLLMClient(u, self.session, request_timeout=cfg.request_timeout, model=cfg.model,
@@ -87,11 +87,17 @@ class RolloutApp:
     def _load_data(self, served_model: str, max_model_len: int):
         cfg = self.cfg
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.model or served_model, cfg.trust_remote_code)
-        rows = load_rows(cfg.dataset)
+        from .multiturn import runner as multiturn
+
+        if cfg.dataset.path is None and cfg.environment_factory:
+            rows = multiturn.environment_rows(cfg)
+        else:
+            rows = load_rows(cfg.dataset)
         prompts = build_prompt_set(rows, tokenizer, prompt_column=cfg.dataset.prompt_column,
                                    max_prompt_len=max_model_len - cfg.max_completion_length,
                                    chat_template_kwargs=cfg.chat_template_kwargs,
-                                   seed=cfg.data_seed if cfg.data_seed is not None else cfg.seed)
+                                   seed=cfg.data_seed if cfg.data_seed is not None else cfg.seed,
+                                   tools_for_row=multiturn.prompt_tools(cfg) if multiturn.enabled(cfg) else None)
         log.info("dataset: %d prompts (%d skipped as too long)", len(prompts), prompts.skipped)
         return tokenizer, prompts
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,12 +61,21 @@ def jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))
 
 
-def render(tokenizer, prompt: str | list[dict], chat_template_kwargs: dict | None) -> tuple[list[int], str]:
-    """Token ids and text of a prompt: chat template for messages, plain encoding for text."""
+def render(tokenizer, prompt: str | list[dict], chat_template_kwargs: dict | None,
+           tools: list[dict] | None = None) -> tuple[list[int], str]:
+    """Token ids and text of a prompt: chat template for messages, plain encoding for text.
+
+    With `tools` (multi-turn), the prompt is rendered as the conversation's first turn
+    will be, tool schemas included, so the length check counts them."""
+    if tools is not None and isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
     if isinstance(prompt, str):
         return list(tokenizer(prompt, add_special_tokens=False)["input_ids"]), prompt
+    if not prompt:  # an environment provides the whole prompt at reset()
+        return [], ""
+    extra = {"tools": tools} if tools else {}
     text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False,
-                                         **(chat_template_kwargs or {}))
+                                         **extra, **(chat_template_kwargs or {}))
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]), text
 
 
@@ -95,14 +105,17 @@ class PromptSet:
 
 
 def build_prompt_set(rows: list[dict], tokenizer, *, prompt_column: str, max_prompt_len: int,
-                     chat_template_kwargs: dict | None, seed: int) -> PromptSet:
-    """Render every row; skip (and count) rows whose prompt does not fit."""
+                     chat_template_kwargs: dict | None, seed: int,
+                     tools_for_row: Callable[[dict], list[dict]] | None = None) -> PromptSet:
+    """Render every row (with its tool schemas, for multi-turn); skip (and count) rows
+    whose prompt does not fit."""
     prompts, skipped = [], 0
     for i, row in enumerate(rows):
         if prompt_column not in row:
             raise ValueError(f"dataset has no column {prompt_column!r} (columns: {sorted(row)})")
         raw = row[prompt_column]
-        ids, text = render(tokenizer, raw, chat_template_kwargs)
+        tools = tools_for_row(row) if tools_for_row else None
+        ids, text = render(tokenizer, raw, chat_template_kwargs, tools)
         if len(ids) > max_prompt_len:
             skipped += 1
             log.warning("prompt %d has %d tokens > %d (max_model_len - max_completion_length): skipped",

@@ -53,6 +53,9 @@ class AgrpoConfig(GRPOArgs):
                              f"reward_funcs has {len(self.reward_funcs)}")
         if self.fp16 and self.bf16:
             raise ValueError("bf16 and fp16 are mutually exclusive")
+        if self.environment_factory and self.dataset.path is None and self.max_steps <= 0:
+            raise ValueError("environment_factory without dataset.path: the environment writes the "
+                             "prompts, so max_steps > 0 must bound the run")
         if self.use_liger_kernel:
             raise ValueError("use_liger_kernel: not supported (as in TRL's async trainer)")
         if self.lr_scheduler_type not in ("constant", "constant_with_warmup") and self.max_steps <= 0:

@@ -31,6 +31,23 @@ def enabled(cfg) -> bool:
     return bool(cfg.tools or cfg.environment_factory)
 
 
+def prompt_tools(cfg):
+    """`row -> tool schemas` its first turn shows (configured tools + its environment's)."""
+    schemas = [tool_schema(f) for f in load_tools(cfg.tools).values()]
+    envs = Environments.from_config(cfg.environment_factory) if cfg.environment_factory else None
+
+    def for_row(row: dict) -> list[dict]:
+        return schemas + (envs.spec_for(row).schemas if envs else [])
+    return for_row
+
+
+def environment_rows(cfg) -> list[dict]:
+    """Without a dataset the environment writes each prompt at reset(): one step's worth
+    of empty prompts per epoch; max_steps bounds the run (checked by the config)."""
+    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    return [{cfg.dataset.prompt_column: []} for _ in range(max(1, per_step // cfg.num_generations))]
+
+
 def merge_env_rewards(totals: list[float], components: dict[str, list[float]],
                       results: list[ConversationResult]) -> tuple[list[float], dict[str, list[float]]]:
     """Add each conversation's environment rewards (weight 1) to its total (NaN + x = x)."""

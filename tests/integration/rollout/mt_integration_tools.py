@@ -83,3 +83,25 @@ class ShoutEnv:
 
     async def get_reward(self) -> float:
         return 2.0
+
+
+class PromptEnv:
+    """Owns the data: reset() writes the prompt (no dataset); get_reward is sync."""
+
+    def __init__(self):
+        self.n = 0
+
+    def reset(self, **row):
+        self.n += 1
+        return f"Task number {self.n}: count to three."
+
+    def count(self, upto: int) -> str:
+        """Count from one.
+
+        Args:
+            upto: The last number.
+        """
+        return " ".join(str(i) for i in range(1, upto + 1))
+
+    def get_reward(self) -> float:
+        return 1.0

@@ -193,3 +193,18 @@ async def test_rollout_service_with_two_environments(vllm_server, tiny_model_dir
         assert s.reward == pytest.approx(s.reward_components["distinct_tokens_reward"]
                                          + 0.5 * s.reward_components["solution_seen_reward"] + 2.0)
     assert stats["conversations"] >= 8
+
+
+async def test_environment_without_a_dataset_writes_the_prompts(vllm_server, tiny_model_dir, tmp_path,
+                                                                 reward_port, trainer):
+    cfg = make_cfg(vllm_urls=[vllm_server.base_url], model_dir=tiny_model_dir, dataset_file=None,
+                   trainer_port=trainer.port, reward_port=reward_port, num_generations=2,
+                   max_completion_length=16, max_tool_calling_iterations=1, max_steps=3,
+                   dataset={"path": None}, reward_funcs=[], environment_factory=f"{M}:PromptEnv")
+    async with running_rollout(cfg) as svc:
+        await wait_for(lambda: len(trainer.received) >= 8, what="env-written prompts generated")
+        tokenizer = svc.app.tokenizer
+    for s in trainer.received[:8]:
+        text = tokenizer.decode(list(s.input_ids[:s.prompt_length]))
+        assert "Task number" in text and '"name": "count"' in text
+        assert s.reward_components["PromptEnv"] == 1.0 and s.reward == pytest.approx(1.0)

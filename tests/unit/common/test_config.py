@@ -128,3 +128,10 @@ def test_config_reference_is_up_to_date():
     proc = subprocess.run([sys.executable, str(root / "scripts" / "gen_config_docs.py"), "--check"],
                           capture_output=True, text=True, timeout=60, cwd=root)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_environment_without_dataset_needs_max_steps():
+    with pytest.raises(ConfigError, match="max_steps"):
+        load_config(["--environment_factory", "m:Env"], {})
+    cfg = load_config(["--environment_factory", "m:Env", "--max_steps", "5"], {})
+    assert cfg.dataset.path is None and cfg.max_steps == 5
