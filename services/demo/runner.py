@@ -97,7 +97,9 @@ def run(opts: DemoOptions) -> dict:
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "metrics.jsonl").unlink(missing_ok=True)
     model_dir = models.smollm2(opts.cache) if opts.model == "smollm2" else models.tiny_model(opts.cache)
-    data = write_arithmetic_dataset(opts.out / "prompts.jsonl", opts.num_prompts)
+    # math-verify (the accuracy reward) reads a \boxed{} answer first.
+    instruction = " Put the final answer in \\boxed{}." if opts.model == "smollm2" else ""
+    data = write_arithmetic_dataset(opts.out / "prompts.jsonl", opts.num_prompts, instruction=instruction)
     logs, started = opts.out / "logs", []
     t0 = time.monotonic()
     try:

@@ -14,14 +14,14 @@ import random
 from pathlib import Path
 
 
-def write_arithmetic_dataset(path: Path, num_prompts: int, seed: int = 0) -> Path:
+def write_arithmetic_dataset(path: Path, num_prompts: int, seed: int = 0, instruction: str = "") -> Path:
     """JSONL rows {"prompt": [user message], "solution": "<answer>"} (conversational format)."""
     rng = random.Random(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for _ in range(num_prompts):
             a, b = rng.randint(0, 50), rng.randint(0, 50)
-            row = {"prompt": [{"role": "user", "content": f"What is {a} + {b}?"}],
+            row = {"prompt": [{"role": "user", "content": f"What is {a} + {b}?{instruction}"}],
                    "solution": str(a + b)}
             f.write(json.dumps(row) + "\n")
     return path

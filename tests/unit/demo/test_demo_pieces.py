@@ -1,0 +1,38 @@
+"""The demo's pure pieces: its reward (called as TRL calls one), summary and step lines."""
+
+import json
+import math
+
+from services.demo import report
+from services.demo.task import digit_share, write_arithmetic_dataset
+
+
+def test_digit_share_on_text_and_messages():
+    assert digit_share(["12 34", "ab", "", "a1"]) == [1.0, 0.0, 0.0, 0.5]
+    msgs = [[{"role": "assistant", "content": "42!"}]]
+    assert digit_share(msgs, prompts=["p"], solution=["42"]) == [2 / 3]
+
+
+def test_dataset_is_seeded_and_conversational(tmp_path):
+    a = write_arithmetic_dataset(tmp_path / "a.jsonl", 5, seed=1).read_text()
+    b = write_arithmetic_dataset(tmp_path / "b.jsonl", 5, seed=1).read_text()
+    assert a == b
+    row = json.loads(a.splitlines()[0])
+    a_, b_ = [int(x) for x in row["prompt"][0]["content"][8:-1].split(" + ")]
+    assert row["prompt"][0]["role"] == "user" and row["solution"] == str(a_ + b_)
+
+
+def test_summary_compares_first_and_last_ten_steps(tmp_path):
+    path = tmp_path / "m.jsonl"
+    rows = [{"step": i, "reward": i / 100, "loss": 0.1, "sample/staleness_max": i % 3,
+             "sample/trained": 16} for i in range(1, 31)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{partial")
+    read = report.read_steps(path)
+    assert len(read) == 30
+    out = report.summary(read, wall_s=12.0, max_staleness=2)
+    assert math.isclose(out["reward_first10"], 0.055) and math.isclose(out["reward_last10"], 0.255)
+    assert out["max_trained_staleness"] == 2 and out["samples_trained"] == 480
+    line = report.step_line({"step": 3, "policy_version": 4, "reward": 0.5, "loss": -0.1,
+                             "sample/staleness_mean": 1.0, "sample/trained": 10,
+                             "perf/step_s": 1.0, "perf/wait_s": 1.0})
+    assert "step    3" in line and "5.0 samples/s" in line and "reward 0.500" in line
