@@ -58,8 +58,17 @@ def step_metrics(loop, step_in, stats: dict) -> dict:
         "perf/tokens_per_s": forward / compute_s if compute_s > 0 else 0.0,
     })
     _rewards(out, samples)
+    _sample_metrics(out, samples)
     _perf(out, loop, forward, compute_s)
     return out
+
+
+def _sample_metrics(out: dict, samples) -> None:
+    """Means of what rollout measured per sample, under its names (tools/call_frequency,
+    tools/failure_frequency, generation_tok_per_s, scoring_time_ms, ...)."""
+    names = {k for s in samples for k in s.metrics}
+    for name in sorted(names - set(out)):
+        out[name] = _mean([s.metrics.get(name) for s in samples])
 
 
 def _rewards(out: dict, samples) -> None:

@@ -59,3 +59,15 @@ def test_released_claim_lets_the_reissue_own_the_key():
     ledger.record([trained])
     ledger.release([trained])  # trained keys stay owned
     assert ledger.owned_by_other(_sample("d1", "g4", key=(9, 0)))
+
+
+def test_step_metrics_average_what_rollout_measured():
+    from services.trainer.step_metrics import _sample_metrics
+
+    a, b = _sample("a", "g"), _sample("b", "g")
+    a.metrics = {"tools/call_frequency": 1.0, "generation_tok_per_s": 100.0}
+    b.metrics = {"tools/call_frequency": 0.0}
+    out = {"reward": 0.5}
+    _sample_metrics(out, [a, b])
+    assert out["tools/call_frequency"] == 0.5 and out["generation_tok_per_s"] == 100.0
+    assert out["reward"] == 0.5
