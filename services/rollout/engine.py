@@ -60,6 +60,19 @@ class Group:
     """In-flight slots this group still holds (one per unfinished request)."""
 
 
+async def gather_or_cancel(coros) -> list:
+    """Results of all coroutines, or the first failure with the others cancelled (a group
+    is all or nothing: a partial group cannot get fair advantages)."""
+    tasks = [asyncio.create_task(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 class Engine:
     """Generation, scoring and version tagging; the sender and scheduler hold the rest."""
 
@@ -165,15 +178,8 @@ class Engine:
 
     async def _gather(self, prompt_ids: list[int], group: Group) -> list[Completion]:
         """All G completions, or the first failure with the other requests cancelled."""
-        tasks = [asyncio.create_task(self._one_request(prompt_ids, f"{group.group_id}-{i}", group))
-                 for i in range(self.G)]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        return await gather_or_cancel([self._one_request(prompt_ids, f"{group.group_id}-{i}", group)
+                                       for i in range(self.G)])
 
     async def _one_request(self, prompt_ids: list[int], request_id: str, group: Group) -> Completion:
         try:

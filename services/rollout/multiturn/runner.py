@@ -93,14 +93,9 @@ class MultiTurn:
     # Generation
     async def gather(self, prompt, group) -> list[ConversationResult]:
         """All G conversations, or the first failure with the others cancelled."""
-        tasks = [asyncio.create_task(self._one(prompt, group, i)) for i in range(self.engine.G)]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        from ..engine import gather_or_cancel
+
+        return await gather_or_cancel([self._one(prompt, group, i) for i in range(self.engine.G)])
 
     async def _one(self, prompt, group, i: int) -> ConversationResult:
         from ..engine import label_version

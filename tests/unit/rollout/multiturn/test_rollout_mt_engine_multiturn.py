@@ -69,7 +69,7 @@ async def run_engine(tok, **over):
     cfg = AgrpoConfig.model_validate({
         "num_generations": 2, "max_completion_length": 64, "max_inflight_tasks": 2,
         "environment_factory": "mt_tools:CounterEnv", "tools": ["mt_tools:lookup"],
-        "reward_funcs": [{"name": "x:y"}], **over})
+        "dataset": {"path": "json"}, "reward_funcs": [{"name": "x:y"}], **over})
     msgs = [{"role": "user", "content": "count"}]
     prompts = PromptSet([Prompt(0, msgs, [1], "count", {"start": 1})], 0, 1, 0)
     sender, scorer, bal = FakeSender(), FakeScorer(), ScriptedBalancer(tok)
