@@ -139,7 +139,7 @@ async def test_environment_tool_and_reward_through_multiturn_runner(client, tok,
     from services.rollout.multiturn.runner import MultiTurn
 
     cfg = AgrpoConfig.model_validate({"max_completion_length": 60, "max_tool_calling_iterations": 1,
-                                      "environment_factory": f"{M}:ScoreEnv"})
+                                      "environment_factory": f"{M}:ScoreEnv", "dataset": {"path": "json"}})
     engine = SimpleNamespace(balancer=SimpleNamespace(servers=[SimpleNamespace(client=client)]))
     mt = MultiTurn(cfg, tok, engine)
     gen, log = forcing(client, tok, call("bump", times=2))
