@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import deque
 from pathlib import Path
 
@@ -37,23 +36,14 @@ class ServiceProcess:
 
     def wait_healthy(self, address: str, service: str, timeout_s: float) -> None:
         """Poll gRPC health until SERVING; raise with the log tail if it dies or times out."""
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        from services.common.probe import wait_serving
 
-        deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(address) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < deadline:
-                if not self.alive():
-                    raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}")
-                try:
-                    status = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
-                    if status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.5)
-        raise TimeoutError(f"{self.name} not SERVING after {timeout_s:.0f} s:\n{self.log_tail()}")
+        def check_alive() -> None:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}")
+
+        if not wait_serving(address, service, timeout_s, check_alive, interval_s=0.5):
+            raise TimeoutError(f"{self.name} not SERVING after {timeout_s:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 30) -> str:
         """The last lines of the process log."""

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -14,9 +13,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agrpo.v1 import reward_service_pb2 as pb
+from services.common.probe import wait_serving
+from services.common.vllm_process import free_port
 from reward_helpers import HERE, OK, SERVICE, client, column, item
 
 pytestmark = pytest.mark.timeout(180)
@@ -24,28 +24,14 @@ REPO = Path(__file__).resolve().parents[3]
 AGRPO = REPO / ".venv" / "bin" / "agrpo"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_serving(port: int, proc: subprocess.Popen, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(f"localhost:{port}") as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(f"agrpo reward exited with {proc.returncode}: "
-                                     f"{proc.stderr.read().decode()[-2000:]}")
-            try:
-                status = health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=2).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-    raise AssertionError("agrpo reward did not become SERVING")
+    def check_alive() -> None:
+        if proc.poll() is not None:
+            raise AssertionError(f"agrpo reward exited with {proc.returncode}: "
+                                 f"{proc.stderr.read().decode()[-2000:]}")
+
+    assert wait_serving(f"localhost:{port}", SERVICE, timeout_s, check_alive), \
+        "agrpo reward did not become SERVING"
 
 
 def _env() -> dict[str, str]:
@@ -54,7 +40,7 @@ def _env() -> dict[str, str]:
 
 
 async def test_agrpo_reward_subprocess():
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     funcs = json.dumps([{"name": "accuracy"}, {"name": "reward_user_funcs:async_len", "weight": 0.5}])
     proc = subprocess.Popen(
         [str(AGRPO), "reward", "--reward.port", str(port), "--reward.metrics_port", str(metrics_port),
@@ -89,7 +75,7 @@ def test_agrpo_reward_bad_function_exits_nonzero():
 
 
 async def test_sigkilled_server_leaves_no_worker_behind(tmp_path):
-    port = _free_port()
+    port = free_port()
     pid_file = tmp_path / "pid"
     proc = subprocess.Popen(
         [str(AGRPO), "reward", "--reward.port", str(port), "--reward.metrics_port", "null",
