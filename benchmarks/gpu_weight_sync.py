@@ -18,12 +18,17 @@ Variants, each after its own NCCL rendezvous, each a warm-up round then --rounds
   ours_store  the same WeightSyncer + NcclTransport with the vLLM-free rendezvous (the
               trainer hosts the TCPStore and writes vLLM's pickled unique id itself;
               NCCL through the transport's ctypes NcclLib, as for >= 0.30 servers)
-The ours* variants need the NcclTransport of /work/helpers/gpu_trainer.patch (rendezvous=,
-.last timings): pass a patched copy with --ws until the trainer carries it.
+  direct      trainer.weight_load=direct: the store rendezvous, then sleep(level 0, keep)
+              -> update through our worker extension (/collective_rpc, plain load_weights,
+              no layerwise reload) -> reset_prefix_cache(running) -> [label] -> resume.
+              vLLM must run with --worker-extension-cls agrpo_vllm_plugin.worker.AgrpoWorkerExtension.
+ours, ours_store and helper use vLLM's load flow (weight_load=vllm) even on that server.
 Checks: before any update vLLM == HF (same weights); after `ours` sends perturbed weights
 vLLM's greedy output changes and agrees with HF on them (bf16 tolerance, e2e_nccl.compare);
 `ours_store` sends the ORIGINAL weights back and vLLM must reproduce its first outputs
-exactly (greedy tokens identical, prompt logprobs within 1e-4).
+exactly (greedy tokens identical, prompt logprobs within 1e-4); `direct` then sends the
+perturbed weights (greedy must change and agree with HF) and, in one more sync, the
+original ones (exact reproduction again).
 --ws points at the weight_sync package to test (default: services/trainer/weight_sync).
 """
 from __future__ import annotations
@@ -66,14 +71,15 @@ def import_weight_sync(ws: str | None):
     return pkg, nccl, transports
 
 
-def ours_rounds(ws, model, url: str, rendezvous: str, rounds: int, first_version: int) -> list[dict]:
+def ours_rounds(ws, model, url: str, rendezvous: str, rounds: int, first_version: int,
+                load: str = "vllm") -> list[dict]:
     """Warm-up (with rendezvous) + `rounds` timed syncs through WeightSyncer."""
     pkg, nccl, transports = ws
     import torch
 
     async def go():
         transport = nccl.NcclTransport(rendezvous=rendezvous, timeout=180)
-        syncer = pkg.WeightSyncer([url], transport, phase_timeout=180, total_timeout=600)
+        syncer = pkg.WeightSyncer([url], transport, phase_timeout=180, total_timeout=600, load_mode=load)
         await syncer.open()
         out = []
         try:
@@ -91,8 +97,11 @@ def ours_rounds(ws, model, url: str, rendezvous: str, rounds: int, first_version
                 row = dict(round="warmup" if r == 0 else r, **{f"{k}_ms": v for k, v in ph.items()},
                            **{f"nccl_{k}": v for k, v in tl.items()}, pause_to_resume_ms=round(p2r, 2),
                            version=version)
+                ext = syncer.admin(url).last_rpc if load == "direct" else []
+                if ext and isinstance(ext[0], dict) and "load_s" in ext[0]:
+                    row["ext_load_ms"] = round(max(e["load_s"] for e in ext) * 1e3, 2)
                 out.append(row)
-                log(f"ours[{rendezvous}]", row)
+                log(f"ours[{rendezvous},{load}]", row)
         finally:
             await syncer.close()
         torch.cuda.synchronize()
@@ -160,6 +169,24 @@ def helper_rounds(api, model, port: int, rounds: int) -> list[dict]:
     return out
 
 
+def direct_variant(a, api, served, hf, ws, version, load_hf, pert, orig, before_tok, before_pl, res) -> dict:
+    """Perturbed weights through the direct load (timed), checked against HF; then the
+    original weights back through it, which vLLM must reproduce exactly."""
+    e2e = _e2e()
+    load_hf(pert)
+    res["variants"]["direct"] = ours_rounds(ws, hf, a.url, "store", a.rounds, version, load="direct")
+    after_tok, _ = e2e.greedy(api, served)
+    c1, _ = e2e.compare(api, served, hf, after_tok, a.tol)
+    c1["greedy_changed"] = after_tok != before_tok
+    c1["ok"] = c1["ok"] and c1["greedy_changed"]
+    log("after direct (perturbed weights):", c1)
+    load_hf(orig)
+    ours_rounds(ws, hf, a.url, "store", 0, version + a.rounds + 1, load="direct")
+    c2 = check_exact(api, served, before_tok, before_pl)
+    log("after direct (original weights back):", c2)
+    return {"direct_perturbed_vs_hf": c1, "direct_restore_exact": c2}
+
+
 def check_exact(api, served, before_tok, before_pl) -> dict:
     e2e = _e2e()
     tok, _ = e2e.greedy(api, served)
@@ -195,7 +222,14 @@ def run(a) -> dict:
     with torch.no_grad():
         for _, p in params:
             p.add_(a.perturb * torch.randn_like(p))
+    pert = [p.detach().clone() for _, p in params]
     torch.cuda.synchronize()
+
+    def load_hf(values) -> None:
+        with torch.no_grad():
+            for (_, p), o in zip(params, values):
+                p.copy_(o)
+        torch.cuda.synchronize()
     ws = import_weight_sync(a.ws)
     variants = a.variants.split(",")
     version = 1
@@ -212,13 +246,14 @@ def run(a) -> dict:
             elif v == "helper":
                 res["variants"][v] = helper_rounds(api, hf, a.port, a.rounds)
             elif v == "ours_store":
-                with torch.no_grad():
-                    for (_, p), o in zip(params, orig):
-                        p.copy_(o)
-                torch.cuda.synchronize()
+                load_hf(orig)
                 res["variants"][v] = ours_rounds(ws, hf, a.url, "store", a.rounds, version)
                 res["checks"]["ours_store_restore_exact"] = check_exact(api, served, before_tok, before_pl)
                 log("after ours_store (original weights back):", res["checks"]["ours_store_restore_exact"])
+            elif v == "direct":
+                res["checks"].update(direct_variant(a, api, served, hf, ws, version, load_hf, pert, orig,
+                                                    before_tok, before_pl, res))
+                version += 1
             version += a.rounds + 1
         except Exception as exc:  # noqa: BLE001
             traceback.print_exc()
@@ -234,7 +269,7 @@ def main() -> int:
     ap.add_argument("--model")
     ap.add_argument("--label", default="model")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--variants", default="ours,helper,ours_store")
+    ap.add_argument("--variants", default="ours,helper,ours_store,direct")
     ap.add_argument("--port", type=int, default=29600, help="rendezvous port of the helper variant")
     ap.add_argument("--tol", type=float, default=0.25)
     ap.add_argument("--perturb", type=float, default=0.01,
@@ -262,7 +297,7 @@ def main() -> int:
 
 COLS = [("pause_to_resume_ms", "p2r"), ("prepare_ms", "gather"), ("pause_ms", "pause"),
         ("start_ms", "start"), ("nccl_broadcast_ms", "pack+bcast"), ("nccl_server_ms", "upd(http)"), ("send_ms", "send"),
-        ("update_ms", "update"), ("finish_ms", "finish"), ("reset_prefix_cache_ms", "reset"),
+        ("update_ms", "update"), ("ext_load_ms", "ext load"), ("finish_ms", "finish"), ("reset_prefix_cache_ms", "reset"),
         ("resume_ms", "resume")]
 
 

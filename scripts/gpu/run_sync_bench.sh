@@ -7,7 +7,7 @@
 # 3. per model: vLLM on GPU 0, benchmarks/gpu_weight_sync.py on GPU 1 (ours / vLLM helper /
 #    ours torch-only), correctness checks, then stop vLLM
 # Knobs: SIZES="qwen2-0.5b qwen2-1.5b qwen2-7b"  ROUNDS=5  DEADLINE=570 (s; a model starts only
-#   with > its need left)  WS= (weight_sync package folder; default the repo's)  VARIANTS=ours,helper,ours_store
+#   with > its need left)  WS= (weight_sync package folder; default the repo's)  VARIANTS=ours,helper,ours_store,direct
 #   FLOOR=0 skips step 2; PRE="cmd" runs first (after the extract), e.g. bash scripts/gpu/run_train_bench.sh
 # Into $OUT: run.log env.txt floor.jsonl sync.jsonl bench.log vllm.log
 set -uo pipefail
@@ -16,7 +16,7 @@ HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
 SITE=${SITE:-/tmp/site}
 SIZES=${SIZES:-qwen2-0.5b qwen2-1.5b qwen2-7b}
 ROUNDS=${ROUNDS:-5}; DEADLINE=${DEADLINE:-570}; PORT=8011
-VARIANTS=${VARIANTS:-ours,helper,ours_store}
+VARIANTS=${VARIANTS:-ours,helper,ours_store,direct}
 WSARG=; [ -n "${WS:-}" ] && WSARG="--ws $ROOT/$WS"
 # NVLink multicast stays off on these shared hosts; vLLM's workers use NCCL_CUMEM_ENABLE=0, so we do too
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
@@ -49,7 +49,7 @@ if [ "${FLOOR:-1}" = 1 ]; then  # both GPUs, nothing else running; rank 0 on GPU
   say "floor rc=$?"
 fi
 
-export PYTHONPATH=$SITE VLLM_SERVER_DEV_MODE=1 VLLM_USE_FLASHINFER_SAMPLER=0
+export PYTHONPATH=$SITE:$ROOT/vllm_plugin VLLM_SERVER_DEV_MODE=1 VLLM_USE_FLASHINFER_SAMPLER=0
 VP=
 serve() {  # label mem_util
   rm -f /tmp/vllm.pgid; echo "===== $1 =====" >> "$OUT/vllm.log"
@@ -57,7 +57,8 @@ serve() {  # label mem_util
     python3 -m vllm.entrypoints.cli.main serve /tmp/$1 --tokenizer /tmp/$1_tok --served-model-name "$1" \
     --host 127.0.0.1 --port $PORT --enforce-eager --attention-backend FLASH_ATTN --dtype bfloat16 \
     --max-model-len 1024 --max-num-seqs 32 --gpu-memory-utilization "$2" --seed 0 \
-    --weight-transfer-config '{"backend":"nccl"}' --logprobs-mode processed_logprobs >> "$OUT/vllm.log" 2>&1 &
+    --weight-transfer-config '{"backend":"nccl"}' --logprobs-mode processed_logprobs \
+    --worker-extension-cls agrpo_vllm_plugin.worker.AgrpoWorkerExtension >> "$OUT/vllm.log" 2>&1 &
   for _ in $(seq 50); do [ -s /tmp/vllm.pgid ] && break; sleep 0.1; done
   VP=$(cat /tmp/vllm.pgid); say "vLLM ($1) launched, pgid $VP"
 }

@@ -79,7 +79,7 @@ def build_loop(app) -> TrainerLoop:
         log.info("resumed from %s: step %d, version %d, %d prompts trained", ckpt, restored.step,
                  restored.version, restored.ledger.prompts_trained)
     syncer = WeightSyncer(cfg.vllm_urls, make_transport(cfg, device), cfg.weight_sync_phase_timeout,
-                          cfg.weight_sync_timeout)
+                          cfg.weight_sync_timeout, load_mode=cfg.trainer.weight_load)
     jsonl = cfg.trainer.metrics_jsonl or Path(cfg.resolved_output_dir) / "metrics.jsonl"
     step_log = StepLogger(jsonl, cfg.logging_steps, cfg.report_to, cfg.run_name, cfg.logging_dir, cfg.project)
     return TrainerLoop(cfg, engine, tokenizer, syncer, app.state, app.buffer, app.intake, app.board,

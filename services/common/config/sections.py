@@ -158,6 +158,11 @@ class TrainerSection(ServiceSection):
     metrics_port: int | None = Field(9101, ge=0, le=65535)
     weight_transport: Literal["auto", "http", "shared_path", "nccl"] = "auto"
     """How weights reach vLLM: auto picks nccl on GPU, http on CPU."""
+    weight_load: Literal["auto", "vllm", "direct"] = "auto"
+    """How vLLM loads an update. vllm: its RL flow (start/finish, layerwise reload; any model).
+    direct: our worker extension loads the tensors as-is (CUDA, unquantized; start vLLM with
+    --worker-extension-cls agrpo_vllm_plugin.worker.AgrpoWorkerExtension). auto: direct where
+    the server's extension agrees, else vllm."""
     shared_weights_dir: Path | None = None
     """Folder vLLM can read, for the shared_path transport."""
     metrics_jsonl: Path | None = None

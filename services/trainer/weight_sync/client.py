@@ -7,6 +7,7 @@ hung server shows up as "phase 'update' on http://...: ..." instead of a hang.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
@@ -30,13 +31,23 @@ def label_version(label: str | None) -> int | None:
         return None
 
 
+DIRECT_CHECK = "agrpo_direct_load_check"
+DIRECT_LOAD = "agrpo_load_weights"
+
+
 class VLLMAdmin:
-    """One server's admin surface; phases are named for errors and timings."""
+    """One server's admin surface; phases are named for errors and timings.
+
+    `direct` (set by the syncer once the server's worker extension agreed) sends the
+    update through our extension's direct load instead of /update_weights.
+    """
 
     def __init__(self, base_url: str, session: aiohttp.ClientSession, phase_timeout: float) -> None:
         self.url = base_url.rstrip("/")
         self.session = session
         self.phase_timeout = phase_timeout
+        self.direct = False
+        self.last_rpc: list = []  # the extension's per-worker results of the last direct load
 
     async def call(self, phase: str, method: str, path: str, body: Any = None,
                    timeout: float | None = None) -> Any:
@@ -80,13 +91,49 @@ class VLLMAdmin:
         await self.call("start", "POST", "/start_weight_update", {"is_checkpoint_format": True})
 
     async def update(self, update_info: dict) -> None:
+        if self.direct:
+            self.last_rpc = await self.rpc("update", DIRECT_LOAD, json.dumps(update_info))
+            return
         await self.call("update", "POST", "/update_weights", {"update_info": update_info})
+
+    async def rpc(self, phase: str, method: str, *args: str) -> list:
+        """POST /collective_rpc: a worker method on every worker, between scheduler steps."""
+        body = {"method": method, "args": list(args), "timeout": self.phase_timeout}
+        data = await self.call(phase, "POST", "/collective_rpc", body)
+        return (data or {}).get("results", []) if isinstance(data, dict) else []
+
+    async def direct_load_check(self) -> str | None:
+        """None when every worker may load directly, else why not (extension missing...)."""
+        try:
+            results = await self.rpc("init", DIRECT_CHECK)
+        except WeightSyncError as exc:
+            return ("the agrpo worker extension does not answer (start vLLM with --worker-extension-cls "
+                    f"agrpo_vllm_plugin.worker.AgrpoWorkerExtension): {exc.detail[:200]}")
+        refusals = [r.get("why", "?") for r in results if not (isinstance(r, dict) and r.get("ok"))]
+        return "; ".join(refusals) or (None if results else "no worker answered")
+
+    async def has_weight_labels(self) -> bool:
+        """True when the server keeps a weight label (GET /weight_info; vLLM >= 0.30)."""
+        try:
+            await self.weight_label()
+        except WeightSyncError:
+            return False
+        return True
+
+    async def pause_scheduler(self) -> None:
+        """Freeze scheduling, keep requests, clear nothing (no 20 ms settle sleep as in /pause)."""
+        await self.call("pause", "POST", "/sleep?level=0&mode=keep")
+
+    async def set_label(self, label: str) -> None:
+        await self.call("finish", "POST", "/update_weight_version", {"new_version": label})
 
     async def finish(self, label: str) -> None:
         await self.call("finish", "POST", "/finish_weight_update", {"weight_version": label})
 
-    async def reset_prefix_cache(self) -> None:
-        await self.call("reset_prefix_cache", "POST", "/reset_prefix_cache")
+    async def reset_prefix_cache(self, running: bool = False) -> None:
+        """Drop cached KV; `running` also preempts running requests (recomputed on resume)."""
+        query = "?reset_running_requests=true" if running else ""
+        await self.call("reset_prefix_cache", "POST", "/reset_prefix_cache" + query)
 
     async def resume(self) -> None:
         await self.call("resume", "POST", "/resume")

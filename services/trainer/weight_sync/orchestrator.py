@@ -1,13 +1,22 @@
 """Push a policy version into every configured vLLM server.
 
-Per server: [init (first time, or after a failure)] -> pause?mode=keep -> start ->
-update (transport) -> finish {"weight_version": str(version)} -> reset_prefix_cache ->
-resume. Each phase has `phase_timeout`, the whole server sync `total_timeout`; any
-failure is a WeightSyncError naming the phase. Servers are synced concurrently; one
-that fails is reported (not fatal) and left paused so it never serves half-loaded
-weights. `reconcile` re-syncs every server whose /weight_info label is not the
-current version: a restarted server comes back with "default", a failed one with an
-old label.
+Per server, vLLM's RL flow ("vllm" load): [init (first time, or after a failure)] ->
+pause?mode=keep -> start -> update (transport) -> finish {"weight_version": str(version)}
+-> resume. /pause already resets the prefix cache and preempts running requests (its
+clear_cache default), so no separate reset is sent.
+
+"direct" load (our worker extension, vllm_plugin/agrpo_vllm_plugin/worker.py; CUDA,
+unquantized): sleep?level=0&mode=keep -> update through /collective_rpc (plain
+load_weights, no layerwise reload) -> reset_prefix_cache?reset_running_requests=true
+-> label (/update_weight_version, where the server keeps labels) -> resume. The same
+cache semantics as /pause, without its 20 ms settle sleep and the reload machinery.
+"auto" asks each server's extension at init and falls back to "vllm".
+
+Each phase has `phase_timeout`, the whole server sync `total_timeout`; any failure is a
+WeightSyncError naming the phase. Servers are synced concurrently; one that fails is
+reported (not fatal) and left paused so it never serves half-loaded weights.
+`reconcile` re-syncs every server whose /weight_info label is not the current
+version: a restarted server comes back with "default", a failed one with an old label.
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ log = get_logger("trainer.weight_sync")
 
 PhaseHook = Callable[[str, str], Awaitable[None]]
 PARTIAL_LABEL = "partial"
-PHASES = ("init", "pause", "start", "update", "finish", "reset_prefix_cache", "resume")
+PHASES = ("init", "pause", "start", "update", "reset_prefix_cache", "finish", "resume")
+LOAD_MODES = ("auto", "vllm", "direct")
 
 
 @dataclass
@@ -52,13 +62,17 @@ class _Server:
         self.admin = admin
         self.initialized = False
         self.label: str | None = None
+        self.labels = True  # the server keeps a weight label (direct load asks; vLLM's flow always sends it)
 
 
 class WeightSyncer:
     """Drives the RL weight-update flow on all servers with one transport."""
 
     def __init__(self, urls: list[str], transport, phase_timeout: float, total_timeout: float,
-                 on_phase: PhaseHook | None = None) -> None:
+                 on_phase: PhaseHook | None = None, load_mode: str = "auto") -> None:
+        if load_mode not in LOAD_MODES:
+            raise ValueError(f"weight load mode must be one of {LOAD_MODES}, got {load_mode!r}")
+        self.load_mode = load_mode
         self.urls = list(urls)
         self.transport = transport
         self.phase_timeout, self.total_timeout = phase_timeout, total_timeout
@@ -114,30 +128,58 @@ class WeightSyncer:
 
     async def _phases(self, server: _Server, prepared: Prepared, report: SyncReport,
                       current: list[str]) -> None:
-        admin, label = server.admin, str(prepared.version)
-        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        admin = server.admin
         if not server.initialized:
-            steps.append(("init", lambda: self.transport.init(admin)))
-        steps += [("pause", admin.pause), ("start", lambda: self._start(admin)),
-                  ("update", lambda: self.transport.send(admin, prepared)),
-                  ("finish", lambda: admin.finish(label)),
-                  ("reset_prefix_cache", admin.reset_prefix_cache), ("resume", admin.resume)]
-        for phase, run in steps:
-            current[0] = phase
-            if self.on_phase is not None:
-                await self.on_phase(admin.url, phase)
-            t = time.perf_counter()
-            try:
-                await run()
-            except WeightSyncError:
-                if phase in ("update", "finish"):
-                    await self._abandon_update(admin)
-                raise
-            dt = time.perf_counter() - t
-            report.phase_s[phase] = max(report.phase_s.get(phase, 0.0), dt)
-            if phase == "init":
-                server.initialized = True
-        server.label = label
+            await self._phase(server, "init", lambda: self._init(server), report, current)
+            server.initialized = True
+        pause = admin.pause_scheduler if admin.direct else admin.pause
+        for phase, run in [("pause", pause), *self._update_steps(server, prepared)]:
+            await self._phase(server, phase, run, report, current)
+        server.label = str(prepared.version)
+
+    async def _phase(self, server: _Server, phase: str, run: Callable[[], Awaitable[None]],
+                     report: SyncReport, current: list[str]) -> None:
+        """Run one phase, time it (max over servers); a failed load is closed as partial."""
+        current[0] = phase
+        if self.on_phase is not None:
+            await self.on_phase(server.admin.url, phase)
+        t = time.perf_counter()
+        try:
+            await run()
+        except WeightSyncError:
+            if phase in ("update", "reset_prefix_cache", "finish"):
+                await self._abandon_update(server)
+            raise
+        report.phase_s[phase] = max(report.phase_s.get(phase, 0.0), time.perf_counter() - t)
+
+    def _update_steps(self, server: _Server, prepared: Prepared) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+        """The phases after pause: decided late, since init settles the server's load mode."""
+        admin, label = server.admin, str(prepared.version)
+        send = ("update", lambda: self.transport.send(admin, prepared))
+        if not admin.direct:
+            return [("start", lambda: self._start(admin)), send,
+                    ("finish", lambda: admin.finish(label)), ("resume", admin.resume)]
+        steps = [send, ("reset_prefix_cache", lambda: admin.reset_prefix_cache(running=True))]
+        if server.labels:
+            steps.append(("finish", lambda: admin.set_label(label)))
+        return steps + [("resume", admin.resume)]
+
+    async def _init(self, server: _Server) -> None:
+        """The transport's rendezvous, then the load mode this server supports."""
+        admin = server.admin
+        await self.transport.init(admin)
+        admin.direct = False
+        if self.load_mode == "vllm":
+            return
+        why = await admin.direct_load_check()
+        if why is None:
+            admin.direct, server.labels = True, await admin.has_weight_labels()
+            log.info("%s: direct weight load (worker extension)%s", admin.url,
+                     "" if server.labels else "; no weight labels on this server")
+        elif self.load_mode == "direct":
+            raise WeightSyncError("init", admin.url, f"trainer.weight_load=direct, but {why}")
+        else:
+            log.info("%s: vLLM's weight-update flow (no direct load: %s)", admin.url, why)
 
     async def _start(self, admin: VLLMAdmin) -> None:
         """start_weight_update; if an earlier failed sync left one active, close it first."""
@@ -150,12 +192,17 @@ class WeightSyncer:
             await admin.finish(PARTIAL_LABEL)
             await admin.start()
 
-    async def _abandon_update(self, admin: VLLMAdmin) -> None:
+    async def _abandon_update(self, server: _Server) -> None:
         """Best effort after a failed update: close it under a label that matches no
         version (so reconcile re-syncs) and stay paused (never serve half-loaded weights)."""
+        admin, limit = server.admin, min(self.phase_timeout, 10.0)
         try:
-            await admin.call("finish", "POST", "/finish_weight_update", {"weight_version": PARTIAL_LABEL},
-                             timeout=min(self.phase_timeout, 10.0))
+            if not admin.direct:
+                await admin.call("finish", "POST", "/finish_weight_update", {"weight_version": PARTIAL_LABEL},
+                                 timeout=limit)
+            elif server.labels:
+                await admin.call("finish", "POST", "/update_weight_version", {"new_version": PARTIAL_LABEL},
+                                 timeout=limit)
         except WeightSyncError as exc:
             log.warning("could not close the failed update on %s: %s", admin.url, exc.detail)
 

@@ -18,8 +18,14 @@ from services.trainer.weight_sync.transports import Prepared
 
 
 class FakeVLLM:
-    def __init__(self, hang_on: str | None = None, fail_on: str | None = None) -> None:
+    """`extension`: None (no worker extension: collective_rpc fails as in vLLM), "ok", or a
+    refusal reason; `labels`: whether GET /weight_info exists (vLLM >= 0.30)."""
+
+    def __init__(self, hang_on: str | None = None, fail_on: str | None = None,
+                 extension: str | None = None, labels: bool = True) -> None:
         self.calls: list[str] = []
+        self.queries: dict[str, str] = {}
+        self.extension, self.labels = extension, labels
         self.label = "default"
         self.active = False
         self.hang_on, self.fail_on = hang_on, fail_on
@@ -29,8 +35,11 @@ class FakeVLLM:
 
     async def handle(self, request: web.Request) -> web.Response:
         name = request.path.strip("/")
-        self.calls.append(name)
         body = await request.json() if request.can_read_body else {}
+        if name == "collective_rpc":
+            name = body["method"]
+        self.calls.append(name)
+        self.queries[name] = request.query_string
         if name == self.hang_on:
             await self.release.wait()
         if name == self.fail_on:
@@ -44,8 +53,21 @@ class FakeVLLM:
             self.active = False
             self.label = body.get("weight_version", self.label)
         if name == "weight_info":
+            if not self.labels:
+                return web.json_response({"detail": "Not Found"}, status=404)
             return web.json_response({"weight_version": self.label})
+        if name == "update_weight_version":
+            self.label = body["new_version"]
+        if name.startswith("agrpo_"):
+            return self._extension(name)
         return web.json_response({"status": "ok"})
+
+    def _extension(self, method: str) -> web.Response:
+        if self.extension is None:
+            return web.json_response({"error": f"method {method} not found"}, status=500)
+        if method == "agrpo_direct_load_check":
+            return web.json_response({"results": [{"ok": self.extension == "ok", "why": self.extension}]})
+        return web.json_response({"results": [{"load_s": 0.001, "tensors": 2}]})
 
     async def start(self) -> "FakeVLLM":
         app = web.Application()
@@ -99,9 +121,63 @@ async def test_phase_order_and_label(servers):
     report = await syncer.sync(3, _prepare(3))
     await syncer.close()
     assert report.ok and report.synced == [a.url]
-    assert a.calls == ["init_weight_transfer_engine", "pause", "start_weight_update", "update_weights",
-                       "update_weights", "finish_weight_update", "reset_prefix_cache", "resume"]
+    # auto: the server has no worker extension, so vLLM's own flow; /pause already clears the cache
+    assert a.calls == ["init_weight_transfer_engine", "agrpo_direct_load_check", "pause", "start_weight_update",
+                       "update_weights", "update_weights", "finish_weight_update", "resume"]
     assert a.label == "3"
+
+
+async def test_direct_load_when_the_extension_agrees(servers):
+    a = await servers(extension="ok")
+    syncer = WeightSyncer([a.url], NoopTransport(), 5.0, 30.0)
+    await syncer.open()
+    first = await syncer.sync(3, _prepare(3))
+    second = await syncer.sync(4, _prepare(4))
+    await syncer.close()
+    assert first.ok and second.ok and a.label == "4"
+    assert a.calls[:3] == ["init_weight_transfer_engine", "agrpo_direct_load_check", "weight_info"]
+    assert a.calls[3:] == ["sleep", "agrpo_load_weights", "agrpo_load_weights", "reset_prefix_cache",
+                           "update_weight_version", "resume"] * 2
+    assert a.queries["sleep"] == "level=0&mode=keep"  # frozen, nothing dropped yet
+    assert a.queries["reset_prefix_cache"] == "reset_running_requests=true"  # as /pause's clear_cache
+    assert "start_weight_update" not in a.calls and "update_weights" not in a.calls
+
+
+async def test_direct_load_without_labels_skips_the_label(servers):
+    a = await servers(extension="ok", labels=False)
+    syncer = WeightSyncer([a.url], NoopTransport(), 5.0, 30.0, load_mode="direct")
+    await syncer.open()
+    report = await syncer.sync(1, _prepare(1))
+    await syncer.close()
+    assert report.ok and "update_weight_version" not in a.calls and a.calls[-1] == "resume"
+
+
+@pytest.mark.parametrize("extension", [None, "device cpu: CPU layers repack their weights"])
+async def test_forced_direct_load_names_why_it_cannot(servers, extension):
+    a = await servers(extension=extension)
+    syncer = WeightSyncer([a.url], NoopTransport(), 5.0, 30.0, load_mode="direct")
+    await syncer.open()
+    report = await syncer.sync(1, _prepare(1))
+    await syncer.close()
+    err = report.errors[a.url]
+    assert err.phase == "init" and "weight_load=direct" in err.detail
+    assert ("worker-extension-cls" if extension is None else "repack") in err.detail
+    assert "pause" not in a.calls and "sleep" not in a.calls
+
+
+async def test_failed_direct_load_stays_paused_under_a_partial_label(servers):
+    a = await servers(extension="ok", fail_on="agrpo_load_weights")
+    syncer = WeightSyncer([a.url], NoopTransport(), 5.0, 30.0)
+    await syncer.open()
+    report = await syncer.sync(1, _prepare(1))
+    await syncer.close()
+    assert report.errors[a.url].phase == "update"
+    assert a.label == "partial" and "resume" not in a.calls
+
+
+def test_unknown_load_mode_is_refused():
+    with pytest.raises(ValueError, match="weight load mode"):
+        WeightSyncer([], NoopTransport(), 5.0, 30.0, load_mode="fast")
 
 
 async def test_one_failing_server_does_not_block_the_others(servers):

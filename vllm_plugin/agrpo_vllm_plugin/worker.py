@@ -1,0 +1,64 @@
+"""Worker extension for a direct weight load (vLLM ``--worker-extension-cls``).
+
+Why: vLLM's RL flow loads an update between ``start_weight_update`` and
+``finish_weight_update``, which wrap every layer's weight loader (layerwise reload)
+so quantized or repacked layers are re-processed once all their tensors arrived.
+On an H200 that machinery costs ~80-120 ms for a Qwen2's ~300 tensors whatever the
+model size, 10-50x the NCCL transfer itself (docs/gpu.md). For an unquantized model
+on CUDA the tensors ``model.load_weights`` writes *are* the ones the forward reads,
+so loading them directly is exact and skips that cost.
+
+The trainer calls these methods through ``POST /collective_rpc`` (dev mode). The
+engine runs a collective RPC between two scheduler steps, so no forward ever sees a
+half-written model; the trainer still pauses the scheduler around it so in-flight
+requests are preempted and recomputed under the new weights (see
+services/trainer/weight_sync/orchestrator.py). String arguments only: vLLM's HTTP
+route passes nothing else.
+
+Start vLLM with
+``--worker-extension-cls agrpo_vllm_plugin.worker.AgrpoWorkerExtension``.
+"""
+
+import json
+import time
+
+
+def direct_load_blocker(worker) -> str | None:
+    """Why a direct load would be wrong on this worker, or None when it is exact."""
+    if getattr(worker, "weight_transfer_engine", None) is None:
+        return "no weight-transfer engine: start vLLM with --weight-transfer-config"
+    device = getattr(worker, "device", None)
+    if getattr(device, "type", None) != "cuda":
+        return (f"device {device}: CPU layers repack their weights after loading, "
+                "which only vLLM's layerwise reload redoes")
+    quant = worker.vllm_config.model_config.quantization
+    if quant:
+        return f"quantized model ({quant}): loaded tensors are post-processed"
+    return None
+
+
+class AgrpoWorkerExtension:
+    """Mixed into vLLM's worker class; every method runs on every worker."""
+
+    def agrpo_direct_load_check(self) -> dict:
+        """{"ok": bool, "why": str}: may this worker load updates directly?"""
+        why = direct_load_blocker(self)
+        return {"ok": why is None, "why": why or ""}
+
+    def agrpo_load_weights(self, update_info_json: str) -> dict:
+        """Receive one update through the configured transfer engine and load it as-is.
+
+        ``update_info_json`` is the JSON of the backend's usual ``update_info`` (for
+        nccl: names, dtype_names, shapes, packed...). Returns timings for the trainer.
+        """
+        import torch
+
+        why = direct_load_blocker(self)
+        if why is not None:
+            raise RuntimeError(f"direct weight load refused: {why}")
+        engine = self.weight_transfer_engine
+        t0 = time.perf_counter()
+        info = engine.parse_update_info(json.loads(update_info_json))
+        engine.receive_weights(info)
+        torch.cuda.synchronize()
+        return {"load_s": time.perf_counter() - t0, "tensors": len(getattr(info, "names", []) or [])}
