@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-PHASES = ("prepare", "pause", "start", "update", "finish", "reset_prefix_cache", "resume", "total")
+PHASES = ("prepare", "pause", "start", "update", "finish", "resume", "total")
 
 
 async def bench(url: str, model_dir: str, rounds: int) -> list[dict]:

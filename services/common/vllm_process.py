@@ -19,14 +19,83 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+# NVLink multicast off in every process on shared multi-GPU hosts (it can take the host's
+# GPUs out of service); NCCL_CUMEM_ENABLE=0 because vLLM's workers use it and both NCCL
+# ends must agree.
+NCCL_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                 "NVSHMEM_DISABLE_NVLS": "1", "NCCL_CUMEM_ENABLE": "0"}
+WORKER_EXTENSION = "agrpo_vllm_plugin.worker.AgrpoWorkerExtension"
+
+# Reads vLLM's argument definitions as text: importing vllm costs seconds (and CUDA init).
+_SCALE_OUT_PROBE = """
+import importlib.util, pathlib, sys
+spec = importlib.util.find_spec("vllm")
+if spec is None or not spec.origin:
+    sys.exit(2)
+root = pathlib.Path(spec.origin).parent
+files = [root / "engine" / "arg_utils.py", *(root / "entrypoints").rglob("cli_args.py")]
+print(any("enable_scale_out" in f.read_text(errors="replace") for f in files if f.is_file()))
+"""
+
 
 def vllm_python() -> Path:
-    """The vLLM venv's interpreter; override with AGRPO_VLLM_PYTHON."""
-    return Path(os.environ.get("AGRPO_VLLM_PYTHON") or REPO_ROOT / ".venv-vllm" / "bin" / "python")
+    """The vLLM venv's interpreter; override with AGRPO_VLLM_PYTHON (a path, or a command
+    name looked up on PATH, e.g. `python3` on a GPU machine with vLLM on PYTHONPATH)."""
+    value = os.environ.get("AGRPO_VLLM_PYTHON")
+    if not value:
+        return REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    found = shutil.which(value) if os.sep not in value else None
+    return Path(found or value)
+
+
+def supports_scale_out(python: Path | None = None) -> bool:
+    """Whether this vLLM install knows `--enable-scale-out` (0.32 does, 0.26 rejects it)."""
+    try:
+        out = subprocess.run([str(python or vllm_python()), "-c", _SCALE_OUT_PROBE], capture_output=True,
+                             text=True, timeout=60, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and out.stdout.strip() == "True"
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """How to start vLLM on one NVIDIA GPU (bf16, NCCL weight transfer) instead of the CPU
+    defaults. `worker_extension` None drops `--worker-extension-cls`."""
+
+    gpu: str = "0"
+    gpu_memory_utilization: float = 0.25
+    max_model_len: int = 512
+    attention_backend: str | None = "FLASH_ATTN"
+    worker_extension: str | None = WORKER_EXTENSION
+    scale_out: bool = False
+
+    def args(self) -> tuple[str, ...]:
+        out = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", str(self.max_model_len),
+               "--gpu-memory-utilization", str(self.gpu_memory_utilization),
+               "--logprobs-mode", "processed_logprobs", "--weight-transfer-config", '{"backend":"nccl"}']
+        if self.attention_backend:
+            out += ["--attention-backend", self.attention_backend]
+        if self.worker_extension:
+            out += ["--worker-extension-cls", self.worker_extension]
+        if self.scale_out:
+            out.append("--enable-scale-out")
+        return tuple(out)
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        """GPU pinning, dev mode (weight-transfer endpoints), multicast off; the plugin folder
+        on PYTHONPATH so every vLLM process can import the worker extension."""
+        paths = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
+        plugin = str(REPO_ROOT / "vllm_plugin")
+        if self.worker_extension and plugin not in paths:
+            paths.append(plugin)
+        return {"CUDA_VISIBLE_DEVICES": self.gpu, "VLLM_USE_FLASHINFER_SAMPLER": "0",
+                "VLLM_SERVER_DEV_MODE": "1", **NCCL_SAFE_ENV, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def free_port() -> int:
@@ -47,37 +116,45 @@ class VLLMServer:
         "--kv-cache-memory-bytes", "134217728",  # 128 MiB
         "--enable-scale-out",  # enables /inference/v1/generate (per-token weight_versions)
         "--weight-transfer-config", '{"backend":"cpu_http"}',  # our plugin (vllm_plugin/)
+        # Our worker extension: on CPU it only answers (and refuses a direct load).
+        "--worker-extension-cls", WORKER_EXTENSION,
     )
 
-    def __init__(self, model_dir, port: int | None = None, extra_args=(), startup_timeout: float = 240.0):
+    def __init__(self, model_dir, port: int | None = None, extra_args=(), startup_timeout: float = 240.0,
+                 gpu: GpuProfile | None = None, log_path: Path | None = None):
         self.model_dir = str(Path(model_dir).resolve())  # a relative path reads as a hub id
         self.model_name = self.model_dir  # vLLM's default served model name is the path
         self.port = port or free_port()
         self.extra_args = tuple(extra_args)
         self.startup_timeout = startup_timeout
+        self.gpu = gpu
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.workdir = Path(tempfile.mkdtemp(prefix="agrpo-vllm-"))
-        self.log_path = self.workdir / "server.log"
+        self.log_path = Path(log_path) if log_path else self.workdir / "server.log"
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
 
     def command(self) -> list[str]:
         # `python -m vllm.entrypoints.cli.main` == the `vllm` console script; it
         # needs the "vllm" dist-info shim that scripts/setup_env.sh installs.
+        base = self.gpu.args() if self.gpu else self.BASE_ARGS
         return [str(vllm_python()), "-m", "vllm.entrypoints.cli.main", "serve", self.model_dir,
-                "--host", "127.0.0.1", "--port", str(self.port), *self.BASE_ARGS, *self.extra_args]
+                "--host", "127.0.0.1", "--port", str(self.port), *base, *self.extra_args]
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-memory-bytes
         env.update(HF_HUB_OFFLINE="1", VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1",
                    OMP_NUM_THREADS="1", VLLM_CACHE_ROOT=str(self.workdir / "cache"))
+        if self.gpu:
+            env.update(self.gpu.env(env))
         return env
 
-    def start(self) -> "VLLMServer":
+    def start(self) -> VLLMServer:
         if not vllm_python().exists():
             raise RuntimeError(f"{vllm_python()} not found; run scripts/setup_env.sh (or set AGRPO_VLLM_PYTHON)")
         t0 = time.monotonic()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), env=self.env(), cwd=self.workdir, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -139,7 +216,7 @@ class VLLMServer:
         self.proc = None
         shutil.rmtree(self.workdir / "cache", ignore_errors=True)  # keep server.log for debugging
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

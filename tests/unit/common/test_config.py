@@ -50,7 +50,8 @@ def test_every_seed_parameter_exists_with_its_default():
 def test_precedence_file_then_env_then_flag(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("max_staleness: 1\nnum_generations: 4\ntrainer:\n  port: 6000\n  grace_s: 3\n")
-    env = {"AGRPO_CONFIG": str(f), "AGRPO_MAX_STALENESS": "2", "AGRPO_TRAINER__PORT": "7000"}
+    env = {"AGRPO_CONFIG": str(f), "AGRPO_MAX_STALENESS": "2", "AGRPO_TRAINER__PORT": "7000",
+           "AGRPO_VLLM_PYTHON": "python3"}  # the launchers' variable is not a config key
     cfg = load_config([], env)
     assert (cfg.max_staleness, cfg.num_generations, cfg.trainer.port, cfg.trainer.grace_s) == (2, 4, 7000, 3)
     cfg = load_config(["--max-staleness", "3", "--trainer.port=8000"], env)

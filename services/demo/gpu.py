@@ -1,0 +1,64 @@
+"""`agrpo demo --gpu`: vLLM on one GPU, the trainer on another, NCCL weight sync.
+
+Pure settings (no torch, no vLLM import): the vLLM start profile, each service's
+environment and the trainer's config overrides. Why two GPUs: NCCL refuses two ranks
+of one communicator on the same GPU, and the trainer is rank 0 of vLLM's weight-transfer
+group. Reward and rollout stay on the CPU (CUDA_VISIBLE_DEVICES="").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.vllm_process import NCCL_SAFE_ENV, WORKER_EXTENSION, GpuProfile
+
+H200_BF16_TFLOPS = 989.0  # dense bf16 peak, for perf/mfu
+# The tiny model's head dim is hidden/4. The carried vLLM keeps only FlashAttention 3,
+# which was run on the H200s with head dim 64 (scripts/gpu/make_tiny.py's tiny); the CPU
+# demo's 32 was never tried there.
+TINY_HIDDEN_SIZE = 256
+
+
+@dataclass(frozen=True)
+class GpuOptions:
+    """Which GPU each side uses and how vLLM is started there."""
+
+    vllm_gpu: str = "0"
+    trainer_gpu: str = "1"
+    gpu_memory_utilization: float = 0.25
+    worker_extension: str | None = WORKER_EXTENSION
+    dtype: str = "bfloat16"
+    peak_tflops: float | None = H200_BF16_TFLOPS
+    vllm_startup_s: float = 420.0
+
+    def __post_init__(self) -> None:
+        if self.vllm_gpu == self.trainer_gpu:
+            raise ValueError("vLLM and the trainer need different GPUs (NCCL: one rank per GPU)")
+
+
+def vllm_profile(opts: GpuOptions, scale_out: bool) -> GpuProfile:
+    """The bf16 / NCCL start profile for VLLMServer."""
+    return GpuProfile(gpu=opts.vllm_gpu, gpu_memory_utilization=opts.gpu_memory_utilization,
+                      worker_extension=opts.worker_extension, scale_out=scale_out)
+
+
+def service_env(service: str, opts: GpuOptions | None) -> dict[str, str]:
+    """Extra environment of one `agrpo <service>` process ({} on CPU)."""
+    if opts is None:
+        return {}
+    return {**NCCL_SAFE_ENV, "CUDA_VISIBLE_DEVICES": opts.trainer_gpu if service == "trainer" else ""}
+
+
+def config_overrides(opts: GpuOptions | None) -> dict:
+    """Top-level keys and trainer-section keys of this mode.
+
+    GPU: the model loads in `dtype` with bf16 autocast; weights go over NCCL as bf16, the
+    server's dtype, whatever the training dtype. `weight_load` is "vllm" where a direct load
+    cannot happen (no worker extension, or CPU, where the extension refuses): no probe."""
+    if opts is None:
+        return {"trainer": {"weight_load": "vllm"}}
+    trainer = {"weight_transport": "nccl", "sync_dtype": "bfloat16",
+               "weight_load": "auto" if opts.worker_extension else "vllm"}
+    if opts.peak_tflops:
+        trainer["peak_tflops"] = opts.peak_tflops
+    return {"dtype": opts.dtype, "bf16": True, "trainer": trainer}
