@@ -70,6 +70,10 @@ class GpuProfile:
 
     gpu: str = "0"
     gpu_memory_utilization: float = 0.25
+    kv_cache_gib: float | None = 2.0
+    """KV cache size; None: what gpu_memory_utilization leaves. Why a cap: clearing the prefix
+    cache (every weight sync) walks every KV block in Python, ~55 ns each; a tiny model in
+    a quarter of an H200 has 2.3 M blocks, 125 ms per sync (docs/gpu.md)."""
     max_model_len: int = 512
     attention_backend: str | None = "FLASH_ATTN"
     worker_extension: str | None = WORKER_EXTENSION
@@ -79,6 +83,8 @@ class GpuProfile:
         out = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", str(self.max_model_len),
                "--gpu-memory-utilization", str(self.gpu_memory_utilization),
                "--logprobs-mode", "processed_logprobs", "--weight-transfer-config", '{"backend":"nccl"}']
+        if self.kv_cache_gib:
+            out += ["--kv-cache-memory-bytes", str(int(self.kv_cache_gib * 2**30))]
         if self.attention_backend:
             out += ["--attention-backend", self.attention_backend]
         if self.worker_extension:

@@ -21,7 +21,8 @@ def _gpu_options(a: argparse.Namespace):
         return None
     ext = None if a.worker_extension.lower() in ("", "none") else a.worker_extension
     return GpuOptions(vllm_gpu=a.vllm_gpu, trainer_gpu=a.trainer_gpu,
-                      gpu_memory_utilization=a.gpu_memory_utilization, worker_extension=ext, dtype=a.dtype)
+                      gpu_memory_utilization=a.gpu_memory_utilization, kv_cache_gib=a.kv_cache_gib or None,
+                      worker_extension=ext, dtype=a.dtype)
 
 
 def parse_sets(items: list[str]) -> dict:
@@ -67,6 +68,8 @@ def parse(argv: list[str]):
     g.add_argument("--vllm-gpu", default="0", help="CUDA device of vLLM (default 0)")
     g.add_argument("--trainer-gpu", default="1", help="CUDA device of the trainer (default 1)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.25, help="vLLM's share of its GPU")
+    g.add_argument("--kv-cache-gib", type=float, default=2.0,
+                   help="vLLM's KV cache (default 2; 0: what --gpu-memory-utilization leaves)")
     g.add_argument("--worker-extension", default=WORKER_EXTENSION,
                    help="vLLM --worker-extension-cls; 'none' leaves the flag out")
     g.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",

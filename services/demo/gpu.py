@@ -26,6 +26,7 @@ class GpuOptions:
     vllm_gpu: str = "0"
     trainer_gpu: str = "1"
     gpu_memory_utilization: float = 0.25
+    kv_cache_gib: float | None = 2.0
     worker_extension: str | None = WORKER_EXTENSION
     dtype: str = "bfloat16"
     peak_tflops: float | None = H200_BF16_TFLOPS
@@ -39,7 +40,7 @@ class GpuOptions:
 def vllm_profile(opts: GpuOptions, scale_out: bool) -> GpuProfile:
     """The bf16 / NCCL start profile for VLLMServer."""
     return GpuProfile(gpu=opts.vllm_gpu, gpu_memory_utilization=opts.gpu_memory_utilization,
-                      worker_extension=opts.worker_extension, scale_out=scale_out)
+                      kv_cache_gib=opts.kv_cache_gib, worker_extension=opts.worker_extension, scale_out=scale_out)
 
 
 def service_env(service: str, opts: GpuOptions | None) -> dict[str, str]:

@@ -28,7 +28,8 @@ from services.demo.runner import write_config
 REPO = Path(__file__).resolve().parents[3]
 GPU_ARGS = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "512",
             "--gpu-memory-utilization", "0.25", "--logprobs-mode", "processed_logprobs",
-            "--weight-transfer-config", '{"backend":"nccl"}', "--attention-backend", "FLASH_ATTN",
+            "--weight-transfer-config", '{"backend":"nccl"}', "--kv-cache-memory-bytes", str(2 << 30),
+            "--attention-backend", "FLASH_ATTN",
             "--worker-extension-cls", WORKER_EXTENSION]
 
 
@@ -143,9 +144,10 @@ def test_weight_load_follows_the_worker_extension(tmp_path):
 
 def test_cli_gpu_flags(tmp_path):
     opts = parse(["--gpu", "--worker-extension", "none", "--vllm-gpu", "2", "--trainer-gpu", "3",
-                  "--gpu-memory-utilization", "0.4", "--model-path", str(tmp_path)])
+                  "--gpu-memory-utilization", "0.4", "--kv-cache-gib", "0", "--model-path", str(tmp_path)])
     assert opts.gpu.worker_extension is None and opts.gpu.vllm_gpu == "2" and opts.gpu.trainer_gpu == "3"
-    assert gpu.vllm_profile(opts.gpu, False).gpu_memory_utilization == 0.4
+    profile = gpu.vllm_profile(opts.gpu, False)
+    assert profile.gpu_memory_utilization == 0.4 and "--kv-cache-memory-bytes" not in profile.args()
     assert opts.model_path == tmp_path
     assert parse([]).gpu is None
     with pytest.raises(SystemExit):
