@@ -6,7 +6,12 @@ prefix). On GPU with a flash-attention varlen kernel this is the gathered-K/V tr
 attention over `tree_kv_index`; the path implemented here passes the same relation as
 a dense boolean [N, N] mask to SDPA, which is exact on every device (CPU included)
 and costs O(N^2) mask memory. The unpacked path forwards each sample as its own padded
-row; both give the same per-term logprobs (tests/unit/trainer/test_engine.py).
+row; both give the same per-term logprobs (tests/unit/trainer/test_trainer_engine.py).
+
+Every use of a parameter (decoder and the chunked-vocab head) runs inside one call of
+`RootForward`, the module FSDP2 shards as its root (services/trainer/fsdp.py), so its
+hooks unshard the embeddings, final norm and lm_head around it. Under FSDP2 each rank
+trains its own rows of every micro-batch; see `Engine.row_loss` for the loss scaling.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -47,6 +53,31 @@ def _moe_aux(model):
     return fn, experts, getattr(cfg, "num_experts_per_tok", 2)
 
 
+class RootForward(torch.nn.Module):
+    """Holds the causal LM (`lm`); its forward runs a closure over it.
+
+    Single device it is a pass-through. Under FSDP2 it is the root unit: calling it
+    runs the root's pre-forward hook (unshard embeddings/norm/head) before the closure
+    and registers the pre-backward hook on the closure's outputs, so the head weight
+    used by the chunked logprobs (forward and checkpointed backward) is unsharded.
+    """
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, fn):
+        return fn()
+
+
+def _sharded(module: torch.nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return False
+    return isinstance(module, FSDPModule)
+
+
 @dataclass
 class EngineConfig:
     """Loss settings plus how the forward runs."""
@@ -60,10 +91,22 @@ class EngineConfig:
 
 
 class Engine:
-    """Owns the model and optimizer; `train_step` runs one optimizer step."""
+    """Owns the model and optimizer; `train_step` runs one optimizer step.
+
+    `model` is the HF causal LM, or a `RootForward` sharded by `fsdp.shard_model`
+    (then this rank trains rows rank, rank + world, ... of every micro-batch).
+    `self.model` is always the HF model (HF parameter names, config).
+    """
 
     def __init__(self, model, optimizer, scheduler, cfg: EngineConfig) -> None:
+        self.root = model if isinstance(model, RootForward) else RootForward(model)
+        model = self.root.lm
         self.model, self.optimizer, self.scheduler, self.cfg = model, optimizer, scheduler, cfg
+        self.world, self.rank = 1, 0
+        if _sharded(self.root):
+            import torch.distributed as dist
+
+            self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.device = next(model.parameters()).device
         self.moe = _moe_aux(model)
         self.aux_coef = cfg.router_aux_loss_coef
@@ -115,6 +158,9 @@ class Engine:
 
     def row_logprobs(self, row: PackedRow, tree: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-term log-probabilities of the labels (at temperature) and entropies."""
+        return self.root(partial(self._row_logprobs, row, tree))
+
+    def _row_logprobs(self, row: PackedRow, tree: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
         with self._autocast():
             hidden = self.row_hidden(row, tree)
         head = self.model.get_output_embeddings()
@@ -122,21 +168,39 @@ class Engine:
         return chunked_logprobs(hidden, head.weight, labels, self.cfg.loss.temperature,
                                 self.cfg.vocab_chunk, getattr(head, "bias", None))
 
-    def row_loss(self, row: PackedRow, global_terms: int, world: int, grad_accum: int = 1):
-        """Normalised loss of one row plus its diagnostics."""
+    def row_loss(self, row: PackedRow, global_terms: int, world: int, grad_accum: int = 1,
+                 rows_per_rank: float | None = None):
+        """Normalised loss of one row plus its diagnostics.
+
+        `world` is P, the micro-batch's rows (TRL's ranks). Single process every row
+        stands for one rank and is divided by P, as DDP's gradient mean would. Under
+        FSDP2 over W processes (rows_per_rank = P / W), the reduce-scatter already
+        divides by W, so a row is divided by P / W only:
+            (1/W) * sum_r (W/P) * g_r = (1/P) * sum_r g_r,
+        the single-process gradient. With normalised_loss's sum_t l_t / (G / P) / GA
+        that is TRL's sum over all G terms / G per micro-batch, averaged over GA.
+        """
+        rows_per_rank = world if rows_per_rank is None else rows_per_rank
         logp, entropy = self.row_logprobs(row)
         dev = self.device
         old = torch.tensor(row.old_logprobs, device=dev, dtype=torch.float32)
         adv = torch.tensor(row.advantages, device=dev, dtype=torch.float32)
         per, _ = per_term_loss(logp, old, adv, self.cfg.loss)
-        # Each row stands for one rank: its loss is averaged over ranks as DDP would.
-        loss = normalised_loss(per, global_terms, world, grad_accum) / world
+        loss = normalised_loss(per, global_terms, world, grad_accum) / rows_per_rank
         stats = policy_stats(logp.detach(), old, adv, entropy,
                              torch.tensor(row.segment_id, device=dev), self.cfg.loss)
         if self.last_aux is not None and self.aux_coef:
-            loss = loss + self.aux_coef * self.last_aux / grad_accum / world
+            loss = loss + self.aux_coef * self.last_aux / grad_accum / rows_per_rank
             stats["aux_loss"] = (float(self.last_aux.detach()), 1.0)
         return loss, stats
+
+    def my_rows(self, mb: MicroBatch) -> list[PackedRow]:
+        """This process's rows of a micro-batch (all of them single process)."""
+        if self.world == 1:
+            return mb.rows
+        if len(mb.rows) % self.world:
+            raise ValueError(f"a micro-batch of {len(mb.rows)} rows cannot be split over {self.world} ranks")
+        return mb.rows[self.rank::self.world]
 
     def train_step(self, batches: list[MicroBatch]) -> dict[str, float]:
         """Forward/backward every micro-batch, clip, step optimizer and scheduler."""
@@ -146,11 +210,13 @@ class Engine:
         total_loss, stats = 0.0, {}
         for mb in batches:
             world = len(mb.rows)
-            for row in mb.rows:
-                loss, row_stats = self.row_loss(row, mb.num_terms, world, len(batches))
+            for row in self.my_rows(mb):
+                loss, row_stats = self.row_loss(row, mb.num_terms, world, len(batches), world / self.world)
                 loss.backward()
-                total_loss += loss.item()
+                total_loss += loss.item() / self.world  # this row's share of the single-process loss
                 _merge(stats, row_stats)
+        if self.world > 1:
+            total_loss, stats = _gather_stats(total_loss, stats)
         t1 = time.perf_counter()
         grad_norm = self._clip()
         lr = self.optimizer.param_groups[0]["lr"]
@@ -165,6 +231,8 @@ class Engine:
 
     def _clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.world > 1:
+            return _clip_sharded(params, self.cfg.max_grad_norm)
         if not params:
             return 0.0
         if self.cfg.max_grad_norm and self.cfg.max_grad_norm > 0:
@@ -176,10 +244,38 @@ class Engine:
         """The step's loss without updating anything (tests, diagnostics)."""
         total = 0.0
         for mb in batches:
-            for row in mb.rows:
-                loss, _ = self.row_loss(row, mb.num_terms, len(mb.rows), len(batches))
-                total += loss.item()
+            for row in self.my_rows(mb):
+                loss, _ = self.row_loss(row, mb.num_terms, len(mb.rows), len(batches),
+                                        len(mb.rows) / self.world)
+                total += loss.item() / self.world
+        if self.world > 1:
+            total, _ = _gather_stats(total, {})
         return total
+
+
+def _clip_sharded(params: list[torch.Tensor], max_norm: float) -> float:
+    """Global grad norm of DTensor grads (and clip to it): the norm is made whole first."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params]
+    total = torch.nn.utils.get_total_norm(grads, 2.0)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if max_norm and max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return float(total)
+
+
+def _gather_stats(total: float, stats: dict) -> tuple[float, dict]:
+    """Every rank's loss share and diagnostics, merged as one process would have."""
+    import torch.distributed as dist
+
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, (total, stats))
+    merged: dict = {}
+    for _, s in parts:
+        _merge(merged, s)
+    return sum(t for t, _ in parts), merged
 
 
 def _merge(acc: dict, stats: dict) -> None:

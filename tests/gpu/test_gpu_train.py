@@ -46,14 +46,19 @@ def test_tree_packed_padded_and_flex_give_the_same_logprobs(tiny_gpu_model):
 
 @pytest.mark.two_gpus
 @pytest.mark.timeout(600)
-def test_fsdp2_two_gpus_equals_one(tiny_gpu_model, tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--autocast"]], ids=["fp32", "bf16_autocast"])
+def test_fsdp2_two_gpus_equals_one(tiny_gpu_model, tmp_path, extra):
+    """The trainer's Engine under FSDP2 on 2 GPUs == the plain Engine on one (fp32; bf16 autocast)."""
     out = tmp_path / "fsdp2.jsonl"
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "benchmarks" / "gpu_fsdp2.py"), "--model", str(tiny_gpu_model), "--prompt", "32",
-           "--completion", "32", "--steps", "3", "--results", str(out)]
+           "--completion", "32", "--steps", "3", "--results", str(out), *extra]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(out.read_text().splitlines()[-1])
     assert res["ok"], res
+    assert res["engine"] and res["names_match"] and res["gather_units_equal_per_param"]
     assert res["gather_bytes"] > 0 and res["rel_diff_vs_update"] < 1e-2
+    for single, sharded in zip(res["loss_single"], res["loss_fsdp2"], strict=True):
+        assert abs(single - sharded) <= 1e-2 * abs(single) + 1e-4, (single, sharded)  # step 1: same maths

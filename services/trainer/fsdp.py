@@ -1,0 +1,132 @@
+"""The trainer's Engine under torch FSDP2 (`fully_shard`): sharding and the weight-sync gather.
+
+Layout (as benchmarks/gpu_fsdp2.py measured it): every decoder layer is its own FSDP
+unit; the root unit is the Engine's `RootForward` wrapper, so it owns the embeddings,
+the final norm and lm_head, and the Engine's one call into it (decoder + chunked-vocab
+head) runs between its unshard and reshard. Build the optimizer *after* `shard_model`:
+it must hold the sharded (DTensor) parameters.
+
+Each process trains its own rows of every micro-batch (`Engine.my_rows`); the loss
+scaling that makes this equal to single-process training is derived in
+`Engine.row_loss`. Only the training maths is here: the trainer service running
+multi-rank (rank 0 serving gRPC, the others following) is not.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .engine import Engine, EngineConfig, RootForward, _decoder
+from .weight_sync.transports import hf_name
+
+
+def shard_model(model: torch.nn.Module, mesh=None, mixed_precision: bool = False) -> RootForward:
+    """fully_shard each decoder layer, then the RootForward root; returns the root.
+
+    mixed_precision: bf16 unsharded parameters (forward/backward) with fp32 gradient
+    reduction, the usual CUDA setting; the sharded master weights stay in their dtype.
+    mesh: a 1-D mesh over all ranks (None: the default group); the Engine splits rows
+    by the default group's rank and size.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    root = model if isinstance(model, RootForward) else RootForward(model)
+    kwargs = {} if mesh is None else {"mesh": mesh}
+    if mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in _decoder(root.lm).layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(root, **kwargs)
+    return root
+
+
+def _units(root: torch.nn.Module) -> list[torch.nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in root.modules() if isinstance(m, FSDPModule)]
+
+
+def _bits(dtype: torch.dtype) -> int:
+    return torch.finfo(dtype).bits if dtype.is_floating_point else 64
+
+
+@torch.no_grad()
+def full_weights_for_sync(model: torch.nn.Module, dtype: torch.dtype | None = None, *,
+                          dst: int | None = None, per_param: bool = False) -> list[tuple[str, torch.Tensor]]:
+    """(HF name, full tensor) pairs as `named_weights` gives them single-device.
+
+    Gathered one FSDP unit at a time: `unshard()` is one all-gather per unit (the
+    layer's whole flat shard), the unsharded parameters are copied out (cast to
+    `dtype`), then `reshard()` frees them, so at most one unit is unsharded at once.
+    With a bf16 mixed-precision policy the all-gather is already bf16; a tensor the
+    policy holds in lower precision than asked for is gathered with `full_tensor()`
+    instead. `per_param` forces `full_tensor()` for every tensor (the reference).
+    Collective: every rank must call it. dst: only that rank keeps the tensors
+    (others return []); None: every rank does.
+    """
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    lm = model.lm if isinstance(model, RootForward) else model
+    keep = dst is None or dist.get_rank() == dst
+    sharded = [(n, p) for n, p in lm.named_parameters() if p.requires_grad]
+    want = {n: (dtype or p.dtype) for n, p in sharded}
+    out: dict[str, torch.Tensor | None] = {}  # None: gathered but not kept here
+    low: set[str] = set()  # unsharded in lower precision than asked: full_tensor() below
+    if not per_param:
+        for unit in _units(model):
+            unit.unshard()
+            for name, p in lm.named_parameters():
+                if name not in want or name in out or name in low or isinstance(p, DTensor):
+                    continue
+                if _bits(p.dtype) < _bits(want[name]):
+                    low.add(name)
+                else:
+                    out[name] = p.detach().to(want[name], copy=True) if keep else None
+            unit.reshard()
+    result = []
+    for name, p in sharded:
+        if name in out:
+            t = out[name]
+        else:  # same order on every rank: full_tensor() is a collective
+            t = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+            t = t.to(want[name], copy=True) if keep else None
+        if keep:
+            result.append((hf_name(name), t.contiguous()))
+    return result
+
+
+def weights_for_sync(engine: Engine, dtype: torch.dtype | None = None, dst: int | None = None):
+    """What a weight sync sends, sharded or not (single-device: `named_weights`)."""
+    from .weight_sync.transports import named_weights
+
+    if engine.world > 1:
+        return full_weights_for_sync(engine.root, dtype, dst=dst)
+    return named_weights(engine.model, dtype)
+
+
+def build_sharded_engine(cfg, model_path: str, mesh=None, mixed_precision: bool | None = None):
+    """setup.build_engine for one FSDP2 rank: load, shard, then optimizer and scheduler.
+
+    Call after `dist.init_process_group` (and torch.cuda.set_device on GPU).
+    mixed_precision None: on where training runs on CUDA.
+    """
+    import random
+
+    from .loss import LossConfig
+    from .model import autocast_dtype, build_optimizer, build_scheduler, load_model, pick_device
+
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    device = pick_device(cfg)
+    model, tokenizer = load_model(cfg, model_path, device)
+    mp = device.type == "cuda" if mixed_precision is None else mixed_precision
+    root = shard_model(model, mesh, mixed_precision=mp)
+    optimizer = build_optimizer(cfg, model)
+    scheduler = build_scheduler(cfg, optimizer)
+    loss = LossConfig(cfg.epsilon, cfg.effective_epsilon_high, cfg.temperature, cfg.tis_cap)
+    tree = cfg.trainer.forward == "tree" or (cfg.trainer.forward == "auto" and device.type == "cuda")
+    engine = Engine(root, optimizer, scheduler,
+                    EngineConfig(loss, cfg.max_grad_norm, tree=tree, autocast=autocast_dtype(cfg, device),
+                                 router_aux_loss_coef=cfg.router_aux_loss_coef))
+    return engine, tokenizer, device
