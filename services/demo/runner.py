@@ -9,6 +9,7 @@ and the trainer each get a GPU and weights travel over NCCL (services/demo/gpu.p
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -162,6 +163,9 @@ def run(opts: DemoOptions) -> dict:
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "metrics.jsonl").unlink(missing_ok=True)
     (opts.out / "summary.json").unlink(missing_ok=True)
+    # Every demo trains from scratch: the trainer would resume from the last run's
+    # final checkpoint (and stop at once, its max_steps already reached).
+    shutil.rmtree(opts.out / "trainer_output", ignore_errors=True)
     model_dir = _model_dir(opts)
     # math-verify (the accuracy reward) reads a \boxed{} answer first.
     instruction = " Put the final answer in \\boxed{}." if opts.model == "smollm2" else ""

@@ -19,6 +19,10 @@ NUM_PROMPTS, EPOCHS, MAX_STALENESS = 48, 2, 2
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
+    # A finished earlier run in the same folder: the demo must start over, not resume from it.
+    old = out / "trainer_output" / "checkpoint-999"
+    old.mkdir(parents=True)
+    (old / "agrpo_state.json").write_text('{"step": 999}')  # "complete" to the trainer
     proc = subprocess.run(
         [sys.executable, "-m", "services.cli", "demo", "--epochs", str(EPOCHS),
          "--num-prompts", str(NUM_PROMPTS), "--learning-rate", "5e-3", "--out", str(out),
