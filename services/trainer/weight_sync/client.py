@@ -57,9 +57,6 @@ class VLLMAdmin:
             async with self.session.request(method, self.url + path, json=body, timeout=limit) as r:
                 text = await r.text()
                 if r.status // 100 != 2:
-                    # vLLM's server drops the connection after an unhandled error without
-                    # saying so; pooling it would fail the next call with a reset.
-                    r.close()
                     raise WeightSyncError(phase, self.url, f"HTTP {r.status}: {text[:500]}")
                 if not text:
                     return None

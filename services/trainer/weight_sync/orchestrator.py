@@ -82,7 +82,10 @@ class WeightSyncer:
         self._prepared: Prepared | None = None
 
     async def open(self) -> None:
-        self._session = aiohttp.ClientSession()
+        # No keep-alive: vLLM's server drops a connection after an unhandled error (a failed
+        # collective RPC, say) without saying so, and a pooled one then fails the next phase
+        # with "Server disconnected". A fresh local connection per call costs well under 1 ms.
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
         self._servers = {u: _Server(VLLMAdmin(u, self._session, self.phase_timeout)) for u in self.urls}
 
     async def close(self) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pytest
 from trainer_helpers import greedy, vllm_greedy
+from vllm_server import VLLMServer
 
+from services.common.vllm_process import WORKER_EXTENSION
 from services.trainer.weight_sync import WeightSyncer
 from services.trainer.weight_sync.transports import HttpTransport, named_weights
 
@@ -47,3 +49,34 @@ async def test_direct_refused_auto_falls_back_and_lands(shared_vllm, tiny_model_
     assert shared_vllm.get_json("/weight_info")["weight_version"] == "5"
     prompt = [5, 9, 14, 3]
     assert vllm_greedy(shared_vllm, prompt) == greedy(new, prompt, 12)
+
+
+class _NoExtensionServer(VLLMServer):
+    """vLLM as users often run it: no agrpo worker extension."""
+
+    BASE_ARGS = tuple(a for a in VLLMServer.BASE_ARGS if a not in ("--worker-extension-cls", WORKER_EXTENSION))
+
+
+@pytest.mark.slow
+async def test_server_without_the_extension_syncs_through_vllms_flow(tiny_model_dir, tiny_model_factory):
+    """The probe fails with HTTP 500 there, after which vLLM drops the connection: the next
+    phases must not reuse it (they did, and every cold sync failed with a reset)."""
+    import asyncio
+
+    from transformers import AutoModelForCausalLM
+
+    new = AutoModelForCausalLM.from_pretrained(str(tiny_model_factory(3)), dtype="float32").eval()
+    server = await asyncio.to_thread(_NoExtensionServer(tiny_model_dir).start)
+    transport = HttpTransport()
+    syncer = WeightSyncer([server.base_url], transport, 30.0, 120.0, load_mode="auto")
+    await syncer.open()
+    try:
+        for version in (1, 2):
+            report = await syncer.sync(version, lambda v=version: transport.prepare(named_weights(new), v))
+            assert report.ok, report.errors
+        assert server.get_json("/weight_info")["weight_version"] == "2"
+        prompt = [7, 3, 11, 2]
+        assert vllm_greedy(server, prompt) == greedy(new, prompt, 12)
+    finally:
+        await syncer.close()
+        await asyncio.to_thread(server.stop)
