@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .engine import Engine, EngineConfig, RootForward, _decoder
+from .engine import Engine, RootForward, _decoder
 from .weight_sync.transports import hf_name
 
 
@@ -111,22 +111,8 @@ def build_sharded_engine(cfg, model_path: str, mesh=None, mixed_precision: bool 
     Call after `dist.init_process_group` (and torch.cuda.set_device on GPU).
     mixed_precision None: on where training runs on CUDA.
     """
-    import random
+    from .model import pick_device
+    from .setup import build_engine
 
-    from .loss import LossConfig
-    from .model import autocast_dtype, build_optimizer, build_scheduler, load_model, pick_device
-
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    device = pick_device(cfg)
-    model, tokenizer = load_model(cfg, model_path, device)
-    mp = device.type == "cuda" if mixed_precision is None else mixed_precision
-    root = shard_model(model, mesh, mixed_precision=mp)
-    optimizer = build_optimizer(cfg, model)
-    scheduler = build_scheduler(cfg, optimizer)
-    loss = LossConfig(cfg.epsilon, cfg.effective_epsilon_high, cfg.temperature, cfg.tis_cap)
-    tree = cfg.trainer.forward == "tree" or (cfg.trainer.forward == "auto" and device.type == "cuda")
-    engine = Engine(root, optimizer, scheduler,
-                    EngineConfig(loss, cfg.max_grad_norm, tree=tree, autocast=autocast_dtype(cfg, device),
-                                 router_aux_loss_coef=cfg.router_aux_loss_coef))
-    return engine, tokenizer, device
+    mp = pick_device(cfg).type == "cuda" if mixed_precision is None else mixed_precision
+    return build_engine(cfg, model_path, shard=lambda model: shard_model(model, mesh, mixed_precision=mp))

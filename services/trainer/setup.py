@@ -46,17 +46,22 @@ def make_transport(cfg: AgrpoConfig, device: torch.device):
     return NcclTransport()
 
 
-def build_engine(cfg: AgrpoConfig, model_path: str):
-    """Model, tokenizer and Engine (optimizer + scheduler) for a model path."""
+def build_engine(cfg: AgrpoConfig, model_path: str, shard=None):
+    """Model, tokenizer and Engine (optimizer + scheduler) for a model path.
+
+    shard: applied to the loaded model before the optimizer is built (it must hold the
+    sharded parameters), e.g. `fsdp.shard_model`; the Engine gets what it returns.
+    """
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg)
     model, tokenizer = load_model(cfg, model_path, device)
+    root = shard(model) if shard is not None else model
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer)
     loss = LossConfig(cfg.epsilon, cfg.effective_epsilon_high, cfg.temperature, cfg.tis_cap)
     tree = cfg.trainer.forward == "tree" or (cfg.trainer.forward == "auto" and device.type == "cuda")
-    engine = Engine(model, optimizer, scheduler,
+    engine = Engine(root, optimizer, scheduler,
                     EngineConfig(loss, cfg.max_grad_norm, tree=tree, autocast=autocast_dtype(cfg, device),
                                  router_aux_loss_coef=cfg.router_aux_loss_coef))
     return engine, tokenizer, device
