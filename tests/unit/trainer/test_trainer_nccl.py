@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 
+import pytest
 import torch
 
 from services.trainer.weight_sync.nccl import (NcclProtocol, init_info, manifest, pack_chunk,
@@ -48,3 +49,14 @@ def test_pack_chunk_bytes_roundtrip():
     assert buf.numel() == tensor_nbytes([2, 3], "float32") + tensor_nbytes([2], "bfloat16")
     assert torch.equal(buf[:24].view(torch.float32).reshape(2, 3), a)
     assert torch.equal(buf[24:].view(torch.bfloat16), b)
+
+
+def test_auto_rendezvous_is_torch_only_on_every_protocol():
+    from services.trainer.weight_sync.nccl import NcclTransport
+
+    old, new = NcclProtocol.for_version("0.26.0"), NcclProtocol.for_version("0.30.0")
+    auto = NcclTransport()
+    assert (auto._choose(old), auto._choose(new)) == ("store", "b64")  # never imports vLLM
+    assert NcclTransport(rendezvous="vllm")._choose(old) == "vllm"  # still there when asked for
+    with pytest.raises(ValueError, match="< 0.30"):
+        NcclTransport(rendezvous="b64")._choose(old)
