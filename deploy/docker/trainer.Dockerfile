@@ -34,6 +34,9 @@ RUN groupadd --system --gid 10001 agrpo \
  && install -d -o agrpo -g agrpo /var/lib/agrpo /assets
 COPY --from=build /opt/venv /opt/venv
 COPY deploy/docker/grpc_health_probe.py deploy/docker/make_assets.py /opt/agrpo/
+# Our vLLM worker extension (pure Python): the GPU overlay copies it into the vLLM pod
+# with an init container, for the direct weight load (docs/gpu.md).
+COPY vllm_plugin/agrpo_vllm_plugin /opt/agrpo/vllm_plugin/agrpo_vllm_plugin
 USER 10001:10001
 WORKDIR /var/lib/agrpo
 VOLUME ["/var/lib/agrpo"]
