@@ -41,20 +41,6 @@ def shapes_for(preset: str) -> list[tuple[str, list[int]]]:
     return [(n, list(p.shape)) for n, p in model.named_parameters()]
 
 
-def chunk_plan(nbytes: list[int], buffer: int = BUFFER) -> list[list[int]]:
-    """Same rule as vLLM's packed broadcast: flush once the running size exceeds the buffer."""
-    chunks, cur, total = [], [], 0
-    for i, n in enumerate(nbytes):
-        cur.append(i)
-        total += n
-        if total > buffer:
-            chunks.append(cur)
-            cur, total = [], 0
-    if cur:
-        chunks.append(cur)
-    return chunks
-
-
 def timed(fn, reps: int, warmup: int, barrier) -> list[float]:
     import torch
 
@@ -77,7 +63,10 @@ def run_preset(preset: str, rank: int, reps: int, warmup: int, barrier) -> dict:
 
     shapes = shapes_for(preset)
     sizes = [2 * int(torch.Size(s).numel()) for _, s in shapes]  # bf16
-    plan = chunk_plan(sizes)
+    sys.path.insert(0, str(HERE.parent))
+    from services.trainer.weight_sync.nccl import packed_chunks  # the trainer's own bucket rule
+
+    plan = packed_chunks(sizes, BUFFER)
     bufs = [torch.empty(sum(sizes[i] for i in idx), dtype=torch.uint8, device="cuda") for idx in plan]
     for b in bufs:
         b.random_(0, 256)  # never time zeros

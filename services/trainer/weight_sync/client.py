@@ -124,11 +124,11 @@ class VLLMAdmin:
         """Freeze scheduling, keep requests, clear nothing (no 20 ms settle sleep as in /pause)."""
         await self.call("pause", "POST", "/sleep?level=0&mode=keep")
 
-    async def set_label(self, label: str) -> None:
-        await self.call("finish", "POST", "/update_weight_version", {"new_version": label})
+    async def set_label(self, label: str, timeout: float | None = None) -> None:
+        await self.call("finish", "POST", "/update_weight_version", {"new_version": label}, timeout)
 
-    async def finish(self, label: str) -> None:
-        await self.call("finish", "POST", "/finish_weight_update", {"weight_version": label})
+    async def finish(self, label: str, timeout: float | None = None) -> None:
+        await self.call("finish", "POST", "/finish_weight_update", {"weight_version": label}, timeout)
 
     async def reset_prefix_cache(self, running: bool = False) -> None:
         """Drop cached KV; `running` also preempts running requests (recomputed on resume)."""

@@ -161,11 +161,20 @@ class WeightSyncer:
         send = ("update", lambda: self.transport.send(admin, prepared))
         if not admin.direct:
             return [("start", lambda: self._start(admin)), send,
-                    ("finish", lambda: admin.finish(label)), ("resume", admin.resume)]
+                    ("finish", lambda: self._close(server, label)), ("resume", admin.resume)]
         steps = [send, ("reset_prefix_cache", lambda: admin.reset_prefix_cache(running=True))]
         if server.labels:
-            steps.append(("finish", lambda: admin.set_label(label)))
+            steps.append(("finish", lambda: self._close(server, label)))
         return steps + [("resume", admin.resume)]
+
+    @staticmethod
+    async def _close(server: _Server, label: str, timeout: float | None = None) -> None:
+        """End an update under `label`: finish_weight_update in vLLM's flow; for a direct
+        load only the label, where the server keeps one."""
+        if not server.admin.direct:
+            await server.admin.finish(label, timeout)
+        elif server.labels:
+            await server.admin.set_label(label, timeout)
 
     async def _init(self, server: _Server) -> None:
         """The transport's rendezvous, then the load mode this server supports."""
@@ -198,16 +207,10 @@ class WeightSyncer:
     async def _abandon_update(self, server: _Server) -> None:
         """Best effort after a failed update: close it under a label that matches no
         version (so reconcile re-syncs) and stay paused (never serve half-loaded weights)."""
-        admin, limit = server.admin, min(self.phase_timeout, 10.0)
         try:
-            if not admin.direct:
-                await admin.call("finish", "POST", "/finish_weight_update", {"weight_version": PARTIAL_LABEL},
-                                 timeout=limit)
-            elif server.labels:
-                await admin.call("finish", "POST", "/update_weight_version", {"new_version": PARTIAL_LABEL},
-                                 timeout=limit)
+            await self._close(server, PARTIAL_LABEL, min(self.phase_timeout, 10.0))
         except WeightSyncError as exc:
-            log.warning("could not close the failed update on %s: %s", admin.url, exc.detail)
+            log.warning("could not close the failed update on %s: %s", server.admin.url, exc.detail)
 
     async def stale_servers(self, version: int) -> dict[str, str]:
         """Servers whose weight label is not `version` -> their label (or the error)."""

@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+from rollout_fakes import FakeSender
 
 from services.common.config import AgrpoConfig
 from services.rollout.balancer import GenerationFailed
@@ -45,18 +46,6 @@ class FakeScorer:
     async def score(self, request):
         n = len(request.items)
         return GroupScores([float(i) for i in range(n)], {"f": [float(i) for i in range(n)]})
-
-
-class FakeSender:
-    def __init__(self):
-        self.groups = []
-        self.held = 0
-
-    def add_group(self, key, version, samples):
-        self.groups.append((key, version, samples))
-
-    def sweep_stale(self):
-        return 0
 
 
 class Tok:

@@ -13,17 +13,23 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
 
 
+def _learning_rates(cfg, steps: int, opt=None) -> list[float]:
+    """The learning rate each of `steps` optimizer steps runs with."""
+    opt = opt or build_optimizer(cfg, _model())
+    sched = build_scheduler(cfg, opt)
+    lrs = []
+    for _ in range(steps):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return lrs
+
+
 def test_defaults_constant_lr_and_cpu_adamw():
     cfg = AgrpoConfig()
     opt = build_optimizer(cfg, _model())
     assert isinstance(opt, torch.optim.AdamW) and not opt.defaults.get("fused")  # fused needs an accelerator
-    sched = build_scheduler(cfg, opt)
-    lrs = []
-    for _ in range(3):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    assert lrs == [1e-6] * 3
+    assert _learning_rates(cfg, 3, opt) == [1e-6] * 3
 
 
 def test_weight_decay_skips_norms_and_biases():
@@ -36,26 +42,13 @@ def test_weight_decay_skips_norms_and_biases():
 def test_warmup_then_linear_decay():
     cfg = AgrpoConfig(learning_rate=1.0, lr_scheduler_type="linear", max_steps=10, warmup_steps=0.2)
     assert warmup_steps(cfg, 10) == 2
-    opt = build_optimizer(cfg, _model())
-    sched = build_scheduler(cfg, opt)
-    lrs = []
-    for _ in range(4):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
+    lrs = _learning_rates(cfg, 4)
     assert lrs[0] == 0.0 and lrs[2] == pytest.approx(1.0) and lrs[3] < 1.0
 
 
 def test_constant_with_warmup_when_warmup_given():
     cfg = AgrpoConfig(learning_rate=1.0, warmup_steps=2)
-    opt = build_optimizer(cfg, _model())
-    sched = build_scheduler(cfg, opt)
-    lrs = []
-    for _ in range(4):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    assert lrs == [0.0, 0.5, 1.0, 1.0]
+    assert _learning_rates(cfg, 4) == [0.0, 0.5, 1.0, 1.0]
 
 
 def test_half_precision_falls_back_to_fp32_on_cpu():

@@ -5,9 +5,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # mt_tools
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rollout_fakes
 import asyncio
 
 import pytest
+from rollout_fakes import FakeSender
 
 from services.common.config import AgrpoConfig
 from services.rollout.data import Prompt, PromptSet
@@ -45,18 +47,6 @@ class FakeScorer:
         self.requests.append(request)
         n = len(request.items)
         return GroupScores([1.0] * n, {"f": [1.0] * n})
-
-
-class FakeSender:
-    def __init__(self):
-        self.groups = []
-        self.held = 0
-
-    def add_group(self, key, version, samples):
-        self.groups.append((key, version, samples))
-
-    def sweep_stale(self):
-        return 0
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,15 @@
+"""Stand-ins shared by the rollout Engine's unit tests (single- and multi-turn)."""
+
+
+class FakeSender:
+    """Records the groups the Engine hands to the trainer stream; nothing goes stale."""
+
+    def __init__(self):
+        self.groups = []
+        self.held = 0
+
+    def add_group(self, key, version, samples):
+        self.groups.append((key, version, samples))
+
+    def sweep_stale(self):
+        return 0
