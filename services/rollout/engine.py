@@ -3,8 +3,9 @@
 - Issue: a group of `num_generations` requests starts when that many of the
   `max_inflight_tasks` slots are free and the held samples (generating, scoring
   and buffered for the trainer) stay within `queue_maxsize`.
-- Generate: each request goes through the balancer; a request that fails on
-  every retry re-issues its group. A policy bump that makes an in-flight group
+- Generate: a strategy runs the group (single_turn.py: G completions;
+  multiturn/runner.py: G conversations with tools or environments) through the
+  balancer; a request that fails on every retry re-issues its group. A policy bump that makes an in-flight group
   too stale (version - dispatch version > max_staleness) aborts it and
   re-issues its prompt.
 - Tag: a group's policy version is the oldest version that produced one of its
@@ -19,58 +20,28 @@ import asyncio
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
 
-from agrpo.v1 import common_pb2
-from services.common.identity import now_timestamp
 from services.common.logging import get_logger
+from services.common.versions import is_stale
 
-from .advantage import group_advantages, group_stats
 from .balancer import GenerationFailed
-from .multiturn.runner import merge_env_rewards
+from .groups import GenerationContext, Group
+from .samples import ScoredGroup, build_samples
 from .scoring import GroupScores, ScoringFailed, build_request
-from .vllm_client import Completion, SamplingConfig
+from .vllm_client import SamplingConfig
 
 log = get_logger("rollout.engine")
 
 
-def label_version(label: str, fallback: int) -> int:
-    """A vLLM weight label as a policy version: "default" is 0, else int(label)."""
-    if label == "default":
-        return 0
-    try:
-        return int(label)
-    except ValueError:
-        return fallback
+def build_strategy(cfg, tokenizer, ctx: GenerationContext):
+    """Conversations (tools / environment_factory) or single completions."""
+    from .multiturn import runner as multiturn
 
+    if multiturn.enabled(cfg):
+        return multiturn.MultiTurn(cfg, tokenizer, ctx)
+    from .single_turn import SingleTurn
 
-@dataclass
-class Group:
-    """One prompt being generated and scored."""
-
-    key: tuple[int, int]
-    group_id: str
-    dispatch_version: int
-    started: float = field(default_factory=time.monotonic)
-    completions: list[Completion] = field(default_factory=list)
-    version: int = 0
-    generated_at: float = 0.0
-    task: asyncio.Task | None = None
-    slots: int = 0
-    """In-flight slots this group still holds (one per unfinished request)."""
-
-
-async def gather_or_cancel(coros) -> list:
-    """Results of all coroutines, or the first failure with the others cancelled (a group
-    is all or nothing: a partial group cannot get fair advantages)."""
-    tasks = [asyncio.create_task(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    return SingleTurn(cfg, tokenizer, ctx)
 
 
 class Engine:
@@ -100,10 +71,8 @@ class Engine:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._tok_window: list[tuple[float, int]] = []
-        self.multiturn = None  # tools / environment_factory: conversations instead of completions
-        if cfg.tools or cfg.environment_factory:
-            from .multiturn.runner import MultiTurn
-            self.multiturn = MultiTurn(cfg, tokenizer, self)
+        self.strategy = build_strategy(cfg, tokenizer, GenerationContext(
+            balancer, self.sampling, self.G, self._release, self._count_tokens))
 
     # Capacity
     @property
@@ -157,8 +126,7 @@ class Engine:
     async def _generate_group(self, group: Group) -> None:
         prompt = self.prompts[group.key[0]]
         try:
-            group.completions = await (self.multiturn.gather(prompt, group) if self.multiturn
-                                       else self._gather(prompt.prompt_ids, group))
+            group.completions = await self.strategy.generate(prompt, group)
         except GenerationFailed as exc:
             log.warning("group %s failed: %s; re-issuing its prompt", group.group_id, exc)
             self._drop(group, "generation_failed")
@@ -168,26 +136,13 @@ class Engine:
         finally:
             self.generating.pop(group.group_id, None)
             self._release(group, group.slots)
-        self._tag(group)
+        group.version = self.strategy.tag(group)
         group.generated_at = time.monotonic()
-        if self.version - group.version > self.cfg.max_staleness:
+        if is_stale(self.version, group.version, self.cfg.max_staleness):
             self._drop(group, "stale_generated")
             return
         self.scoring_groups += 1
         self.score_queue.put_nowait(group)
-
-    async def _gather(self, prompt_ids: list[int], group: Group) -> list[Completion]:
-        """All G completions, or the first failure with the other requests cancelled."""
-        return await gather_or_cancel([self._one_request(prompt_ids, f"{group.group_id}-{i}", group)
-                                       for i in range(self.G)])
-
-    async def _one_request(self, prompt_ids: list[int], request_id: str, group: Group) -> Completion:
-        try:
-            out = await self.balancer.generate(prompt_ids, self.sampling, request_id)
-        finally:
-            self._release(group, 1)
-        self._count_tokens(len(out.token_ids))
-        return out
 
     def _release(self, group: Group, n: int) -> None:
         """Give back up to n of the group's in-flight slots."""
@@ -197,14 +152,6 @@ class Engine:
         self.metrics.inflight.set(self.inflight_requests)
         if n:
             self.wake()
-
-    def _tag(self, group: Group) -> None:
-        if self.multiturn:
-            group.version = self.multiturn.tag(group.completions, group.dispatch_version)
-            return
-        versions = [label_version(label, group.dispatch_version)
-                    for c in group.completions for label, s, e in c.spans if e > s]
-        group.version = min(versions) if versions else group.dispatch_version
 
     def _drop(self, group: Group, reason: str, delay_s: float = 0.0) -> None:
         self.drops[reason] = self.drops.get(reason, 0) + 1
@@ -222,14 +169,14 @@ class Engine:
         self.metrics.policy_version.set(version)
         log.info("policy version %d", version, extra={"policy_version": version})
         stale = [g for g in self.generating.values()
-                 if version - g.dispatch_version > self.cfg.max_staleness]
+                 if is_stale(version, g.dispatch_version, self.cfg.max_staleness)]
         for g in stale:
             g.task.cancel()
             self.generating.pop(g.group_id, None)
             self._release(g, g.slots)
             self._drop(g, "stale_inflight")
         if stale:
-            ids = [f"{g.group_id}-{i}" for g in stale for i in range(self.G)]
+            ids = [g.request_id(i) for g in stale for i in range(self.G)]
             asyncio.get_running_loop().create_task(self.balancer.abort(ids))
         self.sender.sweep_stale()
         self.wake()
@@ -248,73 +195,39 @@ class Engine:
                 self.wake()
 
     async def _score_group(self, group: Group) -> None:
-        prompt = self.prompts[group.key[0]]
-        if self.multiturn:
-            texts, completions, ids = self.multiturn.score_inputs(group, prompt)
-        else:
-            ids = [c.token_ids for c in group.completions]
-            texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in ids]
-            completions = ([[{"role": "assistant", "content": t}] for t in texts]
-                           if prompt.conversational else texts)
+        prompt, strategy = self.prompts[group.key[0]], self.strategy
+        texts, completions, ids = strategy.score_inputs(group, prompt)
         request = build_request(group.group_id, prompt.prompt, completions, ids, prompt.columns)
         t0 = time.monotonic()
         wait_ms = (t0 - group.generated_at) * 1000  # queued for scoring
         try:
-            scores = (GroupScores([math.nan] * len(ids), {}) if self.multiturn and not self.cfg.reward_funcs
-                      else await self.scorer.score(request))  # an environment may own the reward
+            scores = (await self.scorer.score(request) if strategy.needs_reward_service
+                      else GroupScores([math.nan] * len(ids), {}))
         except ScoringFailed as exc:
             log.warning("group %s: %s; re-issuing later", group.group_id, exc)
             self._drop(group, "scoring_failed", self.cfg.rollout.reissue_delay_s)
             return
         scoring_ms = (time.monotonic() - t0) * 1000
         self.metrics.scoring_latency.observe(scoring_ms / 1000)
-        if self.version - group.version > self.cfg.max_staleness:
+        if is_stale(self.version, group.version, self.cfg.max_staleness):
             self._drop(group, "stale_scored")
             return
-        if self.multiturn:
-            totals, comps = merge_env_rewards(scores.totals, scores.components, group.completions)
-            samples = self.multiturn.samples(group, prompt, texts, totals, comps, scoring_ms, wait_ms)
-            if not samples:
-                self._drop(group, "no_trained_tokens")
-                return
-        else:
-            samples = self._samples(group, prompt, texts, scores, scoring_ms, wait_ms)
+        scored = ScoredGroup(*strategy.rewards(group, scores), scoring_ms, wait_ms)
+        self._observe_rewards(scored)
+        samples = build_samples(group, prompt, strategy.rows(group, prompt), scored, texts,
+                                send_text=self.cfg.rollout.send_text, producer_id=self.producer_id,
+                                buffered=self.sender.held)
+        if not samples:
+            self._drop(group, "no_trained_tokens")
+            return
         self.sender.add_group(group.key, group.version, samples)
 
-    def _samples(self, group, prompt, texts, scores, scoring_ms, wait_ms) -> list:
-        rewards = scores.totals
-        adv = group_advantages(rewards)
-        mean, std = group_stats(rewards)
-        if not math.isnan(mean):
-            self.metrics.reward_mean.set(mean)
-        P = len(prompt.prompt_ids)
-        send_text = self.cfg.rollout.send_text
-        out = []
-        for i, c in enumerate(group.completions):
-            gen_s = max(c.latency_s, 1e-9)
-            metrics = {"reward": rewards[i], "reward_std": std,
-                       "generation_tok_per_s": len(c.token_ids) / gen_s,
-                       "scoring_time_ms": scoring_ms, "wait_scoring_ms": wait_ms,
-                       "buffer_qsize": float(self.sender.held)}
-            metrics.update({f"rewards/{k}": v[i] for k, v in scores.components.items()})
-            if not math.isnan(rewards[i]):
-                self.metrics.reward.observe(rewards[i])
-            spans = [common_pb2.VersionSpan(policy_version=label_version(lb, group.dispatch_version),
-                                            start=P + s, end=P + e) for lb, s, e in c.spans if e > s]
-            out.append(common_pb2.RolloutSample(
-                sample_id=f"{group.group_id}-{i}", group_id=group.group_id,
-                prompt_key=common_pb2.PromptKey(dataset_index=group.key[0], epoch=group.key[1]),
-                policy_version=group.version, version_spans=spans,
-                input_ids=prompt.prompt_ids + c.token_ids,
-                completion_mask=[0] * P + [1] * len(c.token_ids),
-                behavior_logprobs=[0.0] * P + c.logprobs, prompt_length=P,
-                advantage=adv[i], reward=rewards[i],
-                reward_components={k: v[i] for k, v in scores.components.items()},
-                metrics=metrics, generation_index=i,
-                prompt_text=prompt.prompt_text if send_text else "",
-                completion_text=texts[i] if send_text else "",
-                created_at=now_timestamp(), producer_id=self.producer_id))
-        return out
+    def _observe_rewards(self, scored: ScoredGroup) -> None:
+        if not math.isnan(scored.mean):
+            self.metrics.reward_mean.set(scored.mean)
+        for r in scored.rewards:
+            if not math.isnan(r):
+                self.metrics.reward.observe(r)
 
     # Throughput
     def _count_tokens(self, n: int) -> None:

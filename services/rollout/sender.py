@@ -25,6 +25,7 @@ from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 from services.common.identity import now_timestamp
 from services.common.logging import get_logger
+from services.common.versions import is_stale
 
 log = get_logger("rollout.sender")
 FINAL = {trainer_pb.SAMPLE_OUTCOME_TRAINED: "trained", trainer_pb.SAMPLE_OUTCOME_DUPLICATE: "duplicate",
@@ -167,7 +168,7 @@ class Sender:
         return None
 
     def _too_stale(self, version: int) -> bool:
-        return self.hooks.version() - version > self.max_staleness
+        return is_stale(self.hooks.version(), version, self.max_staleness)
 
     def sweep_stale(self) -> int:
         """Drop groups not yet started that the current version made too stale."""

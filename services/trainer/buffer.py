@@ -10,12 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from services.common.versions import is_stale
+
 from .sample import Sample
-
-
-def is_stale(sample: Sample, version: int, max_staleness: int) -> bool:
-    """trainer_version - sample.policy_version > max_staleness."""
-    return version - sample.policy_version > max_staleness
 
 
 class SampleBuffer:
@@ -58,7 +55,7 @@ class SampleBuffer:
         """Next non-stale sample (or None) and the stale ones skipped on the way."""
         stale = []
         while (sample := self.pop()) is not None:
-            if not is_stale(sample, version, max_staleness):
+            if not is_stale(version, sample.policy_version, max_staleness):
                 return sample, stale
             stale.append(sample)
         return None, stale

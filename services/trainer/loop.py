@@ -23,10 +23,11 @@ from pathlib import Path
 
 from services.common.config import AgrpoConfig
 from services.common.logging import get_logger
+from services.common.versions import is_stale
 
 from . import checkpoint
 from .audit import TrainedSampleLog
-from .buffer import SampleBuffer, is_stale
+from .buffer import SampleBuffer
 from .state import TrainState
 from .engine import Engine
 from .intake import Intake
@@ -142,7 +143,7 @@ class TrainerLoop:
         self._commit_version(version, report.synced)
         # Samples waiting in open rows were fresh when popped; a new version can make
         # them stale before their micro-batch closes. Never train past max_staleness.
-        late = self.batcher.evict(lambda s: is_stale(s, version, self.cfg.max_staleness))
+        late = self.batcher.evict(lambda s: is_stale(version, s.policy_version, self.cfg.max_staleness))
         if late:
             self.ledger.release(late)
             self._drop_stale(late)

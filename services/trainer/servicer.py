@@ -17,6 +17,7 @@ from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 from services.common.errors import InvalidArgument, Unavailable, grpc_errors
 from services.common.identity import Identity, now_timestamp
 from services.common.logging import get_logger
+from services.common.versions import oldest_version
 
 from .intake import Outbound
 from .sample import Sample
@@ -30,7 +31,7 @@ _TRANSPORTS = {"http": common_pb2.WEIGHT_TRANSPORT_HTTP, "shared_path": common_p
 def sample_from_proto(msg: common_pb2.RolloutSample) -> Sample:
     """Staleness is judged by the oldest version that produced a token (spans included)."""
     spans = [(sp.policy_version, sp.start, sp.end) for sp in msg.version_spans]
-    oldest = min([msg.policy_version, *(v for v, _, _ in spans)])
+    oldest = oldest_version([msg.policy_version, *(v for v, _, _ in spans)], msg.policy_version)
     return Sample(
         sample_id=msg.sample_id, group_id=msg.group_id or msg.sample_id,
         prompt_key=(msg.prompt_key.dataset_index, msg.prompt_key.epoch),

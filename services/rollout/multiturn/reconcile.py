@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.common.versions import oldest_version
+
 CLEAN, REALIGN, FORK = "clean", "realign", "fork"
 
 
@@ -62,8 +64,7 @@ class Row:
         return out
 
     def oldest_version(self) -> int | None:
-        vs = [v for m, v in zip(self.mask, self.versions) if m and v is not None]
-        return min(vs) if vs else None
+        return oldest_version((v for m, v in zip(self.mask, self.versions) if m), None)
 
 
 @dataclass

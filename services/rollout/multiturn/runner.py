@@ -1,24 +1,25 @@
-"""The engine's multi-turn path: G conversations per group, rewards, rows -> samples.
+"""The multi-turn strategy: G conversations per group, rewards, rows -> samples.
 
 Used only when the config sets `tools` or `environment_factory`. A group's G
 conversations run concurrently; each holds one in-flight slot until it ends.
 Environment rewards (`get_reward`) become reward columns named after the
 environment class, added (weight 1) to the reward service's total before the
 group's advantages; every row (fork) of a conversation shares its advantage.
-A sample's policy_version is the oldest version of a trained token.
+A sample's policy_version is the oldest version of a trained token. Same shape as
+the single-turn strategy (services/rollout/single_turn.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
-import time
 
-from agrpo.v1 import common_pb2
-from services.common.identity import now_timestamp
 from services.common.logging import get_logger
+from services.common.versions import label_to_version, oldest_version
 
+from ..groups import GenerationContext, Group, gather_or_cancel
+from ..samples import Row
+from ..scoring import GroupScores
 from .conversation import ConversationResult, TurnLimits, run_conversation
 from .environments import Environments, append_to_last_user, env_reward, public_methods, reset
 from .reconcile import common_prefix
@@ -72,50 +73,50 @@ def tool_metrics(res: ConversationResult) -> dict[str, float]:
 
 
 class MultiTurn:
-    """Tools, environments and limits for the engine's multi-turn groups."""
+    """Tools, environments and limits for multi-turn groups."""
 
-    def __init__(self, cfg, tokenizer, engine) -> None:
+    def __init__(self, cfg, tokenizer, ctx: GenerationContext) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer
-        self.engine = engine
+        self.ctx = ctx
         self.tools = load_tools(cfg.tools)
         self.schemas = [tool_schema(f) for f in self.tools.values()]
         self.envs = Environments.from_config(cfg.environment_factory) if cfg.environment_factory else None
         self.stats = {"conversations": 0, "tool_calls": 0, "tool_failures": 0, "forks": 0}
 
+    @property
+    def needs_reward_service(self) -> bool:
+        """An environment with get_reward may own the reward: then reward_funcs are optional."""
+        return bool(self.cfg.reward_funcs)
+
     def limits(self) -> TurnLimits:
-        lens = [s.client.info.max_model_len for s in self.engine.balancer.servers
+        lens = [s.client.info.max_model_len for s in self.ctx.balancer.servers
                 if getattr(s.client, "info", None) is not None]
         max_len = min(lens) if lens else int(getattr(self.tokenizer, "model_max_length", 1 << 30))
         return TurnLimits(self.cfg.max_completion_length, max_len, self.cfg.max_tool_calling_iterations,
                           self.cfg.rollout.tool_timeout_s, self.cfg.fork_threshold_tokens)
 
     # Generation
-    async def gather(self, prompt, group) -> list[ConversationResult]:
+    async def generate(self, prompt, group: Group) -> list[ConversationResult]:
         """All G conversations, or the first failure with the others cancelled."""
-        from ..engine import gather_or_cancel
+        return await gather_or_cancel([self._one(prompt, group, i) for i in range(self.ctx.num_generations)])
 
-        return await gather_or_cancel([self._one(prompt, group, i) for i in range(self.engine.G)])
-
-    async def _one(self, prompt, group, i: int) -> ConversationResult:
-        from ..engine import label_version
-
-        eng = self.engine
+    async def _one(self, prompt, group: Group, i: int) -> ConversationResult:
+        ctx = self.ctx
 
         async def generate(ids, max_tokens, turn):
-            sampling = dataclasses.replace(eng.sampling, max_tokens=max_tokens)
-            out = await eng.balancer.generate(ids, sampling, f"{group.group_id}-{i}-t{turn}")
-            eng._count_tokens(len(out.token_ids))
+            sampling = dataclasses.replace(ctx.sampling, max_tokens=max_tokens)
+            out = await ctx.balancer.generate(ids, sampling, f"{group.request_id(i)}-t{turn}")
+            ctx.count_tokens(len(out.token_ids))
             return out
 
         def version_of(label):
-            return group.dispatch_version if label is None else label_version(label, group.dispatch_version)
+            return label_to_version(label, group.dispatch_version)
 
         try:
             return await self.run(prompt, generate, version_of)
         finally:
-            eng._release(group, 1)
-
+            ctx.release(group, 1)
     async def run(self, prompt, generate, version_of) -> ConversationResult:
         """One conversation: borrow an environment (if any), talk, score it with get_reward."""
         messages = ([{"role": "user", "content": prompt.prompt}] if isinstance(prompt.prompt, str)
@@ -157,13 +158,14 @@ class MultiTurn:
         s["tool_failures"] += res.tool_failures
         s["forks"] += res.tally.fork
 
-    # Tagging, scoring, samples
+    # Tagging, scoring, rows
     @staticmethod
-    def tag(results: list[ConversationResult], fallback: int) -> int:
-        vs = [v for r in results for row in r.rows if (v := row.oldest_version()) is not None]
-        return min(vs) if vs else fallback
+    def tag(group: Group) -> int:
+        """The oldest version of a trained token over all rows, else the dispatch version."""
+        return oldest_version((row.oldest_version() for r in group.completions for row in r.rows),
+                              group.dispatch_version)
 
-    def score_inputs(self, group, prompt):
+    def score_inputs(self, group: Group, prompt):
         """(texts, completions as messages or text, completion token ids) for the reward service."""
         results = group.completions
         texts = [r.text for r in results]
@@ -171,32 +173,22 @@ class MultiTurn:
         ids = [[t for row in r.rows for t, m in zip(row.ids, row.mask) if m] for r in results]
         return texts, completions, ids
 
-    def samples(self, group, prompt, texts, totals, components, scoring_ms, wait_ms) -> list:
-        from ..advantage import group_advantages, group_stats
+    @staticmethod
+    def rewards(group: Group, scores: GroupScores) -> tuple[list[float], dict[str, list[float]]]:
+        """The reward service's totals plus each conversation's environment rewards."""
+        return merge_env_rewards(scores.totals, scores.components, group.completions)
 
-        eng, results = self.engine, group.completions
-        adv = group_advantages(totals)
-        _, std = group_stats(totals)
+    @staticmethod
+    def rows(group: Group, prompt) -> list[Row]:
+        """Every row of every conversation; a row's prompt is what all first rows share."""
+        results = group.completions
         firsts = [r.rows[0].ids for r in results if r.rows]
         out = []
         for i, res in enumerate(results):
+            tok_per_s = res.generated / max(res.latency_s, 1e-9)
             for k, row in enumerate(res.rows):
-                P = min(common_prefix(row.ids, f) for f in firsts)
-                P = min(P, row.mask.index(1))
-                spans = [common_pb2.VersionSpan(policy_version=v, start=s, end=e) for v, s, e in row.spans()]
-                metrics = {"reward": totals[i], "reward_std": std, "scoring_time_ms": scoring_ms,
-                           "wait_scoring_ms": wait_ms, "buffer_qsize": float(eng.sender.held),
-                           "generation_tok_per_s": res.generated / max(res.latency_s, 1e-9),
-                           **tool_metrics(res), **{f"rewards/{n}": v[i] for n, v in components.items()}}
-                send = eng.cfg.rollout.send_text
-                out.append(common_pb2.RolloutSample(
-                    sample_id=f"{group.group_id}-{i}" + (f"-f{k}" if k else ""), group_id=group.group_id,
-                    prompt_key=common_pb2.PromptKey(dataset_index=group.key[0], epoch=group.key[1]),
-                    policy_version=row.oldest_version() if row.oldest_version() is not None else group.version,
-                    version_spans=spans, input_ids=row.ids, completion_mask=row.mask,
-                    behavior_logprobs=row.logprobs, prompt_length=P, advantage=adv[i], reward=totals[i],
-                    reward_components={n: v[i] for n, v in components.items()}, metrics=metrics,
-                    generation_index=i, prompt_text=prompt.prompt_text if send else "",
-                    completion_text=texts[i] if send else "", created_at=now_timestamp(),
-                    producer_id=eng.producer_id))
+                P = min(min(common_prefix(row.ids, f) for f in firsts), row.mask.index(1))
+                out.append(Row(i, row.ids, row.mask, row.logprobs, P, row.spans(),
+                               oldest_version([row.oldest_version()], group.version), tok_per_s,
+                               tool_metrics(res), fork=k))
         return out

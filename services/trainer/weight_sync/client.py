@@ -21,16 +21,6 @@ class WeightSyncError(RuntimeError):
         self.phase, self.url, self.detail = phase, url, detail
 
 
-def label_version(label: str | None) -> int | None:
-    """vLLM weight label -> policy version ("default" is 0); None if unparseable."""
-    if label in (None, "", "default"):
-        return 0 if label == "default" else None
-    try:
-        return int(label)
-    except ValueError:
-        return None
-
-
 DIRECT_CHECK = "agrpo_direct_load_check"
 DIRECT_LOAD = "agrpo_load_weights"
 

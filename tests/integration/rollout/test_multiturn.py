@@ -22,7 +22,7 @@ import pytest
 
 import mt_integration_tools as T
 from conftest import make_cfg, running_rollout, wait_for
-from services.rollout.engine import label_version
+from services.common.versions import label_to_version
 from services.rollout.multiturn.conversation import TurnLimits, run_conversation
 from services.rollout.multiturn.tools import load_tools, tool_schema
 from services.rollout.vllm_client import Completion, SamplingConfig, VLLMClient
@@ -79,7 +79,7 @@ async def converse(client, tok, forced, tools, *, budget=40, max_iters=1, fork_t
     limits = TurnLimits(budget, client.info.max_model_len, max_iters, timeout, fork_threshold)
     res = await run_conversation(gen, tok, [{"role": "user", "content": "Use the tools."}], tools=t,
                                  schemas=[tool_schema(f) for f in t.values()], limits=limits,
-                                 version_of=lambda lb: 0 if lb is None else label_version(lb, 0))
+                                 version_of=lambda lb: label_to_version(lb, 0))
     return res, log
 
 
@@ -140,11 +140,11 @@ async def test_environment_tool_and_reward_through_multiturn_runner(client, tok,
 
     cfg = AgrpoConfig.model_validate({"max_completion_length": 60, "max_tool_calling_iterations": 1,
                                       "environment_factory": f"{M}:ScoreEnv", "dataset": {"path": "json"}})
-    engine = SimpleNamespace(balancer=SimpleNamespace(servers=[SimpleNamespace(client=client)]))
-    mt = MultiTurn(cfg, tok, engine)
+    ctx = SimpleNamespace(balancer=SimpleNamespace(servers=[SimpleNamespace(client=client)]))
+    mt = MultiTurn(cfg, tok, ctx)
     gen, log = forcing(client, tok, call("bump", times=2))
     prompt = Prompt(0, [{"role": "user", "content": "Play."}], [], "Play.", {"goal": 7})
-    res = await mt.run(prompt, gen, lambda lb: 0 if lb is None else label_version(lb, 0))
+    res = await mt.run(prompt, gen, lambda lb: label_to_version(lb, 0))
     assert res.env_rewards == {"ScoreEnv": 21.0}
     assert "bumped to 2" in tok.decode(log[1][0]) and "[goal 7]" in tok.decode(log[0][0])
     assert mt.envs.specs["default"].created == 1                    # pooled and reused
@@ -169,7 +169,7 @@ async def test_rollout_service_with_two_environments(vllm_server, tiny_model_dir
     async with running_rollout(cfg) as svc:
         await wait_for(lambda: len(trainer.trained_keys) == 4, what="4 env prompts trained")
         engine = svc.app.engine
-        stats = dict(engine.multiturn.stats)
+        stats = dict(engine.strategy.stats)
     by_env = {}
     for s in trainer.received:
         env = rows[s.prompt_key.dataset_index]["environment"]

@@ -8,7 +8,7 @@ from rollout_fakes import FakeSender
 from services.common.config import AgrpoConfig
 from services.rollout.balancer import GenerationFailed
 from services.rollout.data import Prompt, PromptSet
-from services.rollout.engine import Engine, label_version
+from services.rollout.engine import Engine
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.schedule import PromptScheduler
 from services.rollout.scoring import GroupScores
@@ -136,8 +136,3 @@ async def test_tag_is_the_oldest_span_version():
     assert version == 3
     assert [(v.policy_version, v.start, v.end) for v in samples[0].version_spans] == [(3, 1, 2), (4, 2, 3)]
 
-
-def test_label_version():
-    assert label_version("default", 9) == 0
-    assert label_version("12", 9) == 12
-    assert label_version("step-1", 9) == 9

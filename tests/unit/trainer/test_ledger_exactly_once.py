@@ -35,14 +35,14 @@ def test_same_key_in_another_epoch_is_a_different_prompt():
 
 
 def test_batchers_evict_samples_that_went_stale_in_open_rows():
-    from services.trainer.buffer import is_stale
+    from services.common.versions import is_stale
     from services.trainer.packing import FixedCountBatcher, TokenBudgetBatcher
 
     old, fresh = _sample("o1", "g1"), _sample("f1", "g2", key=(5, 0))
     fresh.policy_version = 3
     for batcher in (TokenBudgetBatcher(num_rows=1, budget=64), FixedCountBatcher(num_rows=1, batch_size=8)):
         assert batcher.add(old) == [] and batcher.add(fresh) == []
-        evicted = batcher.evict(lambda s: is_stale(s, version=4, max_staleness=2))
+        evicted = batcher.evict(lambda s: is_stale(4, s.policy_version, max_staleness=2))
         assert [s.sample_id for s in evicted] == ["o1"]
         assert batcher.num_samples == 1
         closed = batcher.flush()

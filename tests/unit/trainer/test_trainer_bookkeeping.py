@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.trainer.buffer import SampleBuffer, is_stale
+from services.common.versions import is_stale
+from services.trainer.buffer import SampleBuffer
 from services.trainer.intake import Intake
 from services.trainer.ledger import Ledger
 from services.trainer.sample import Outcome
@@ -12,8 +13,8 @@ from services.trainer.sample import Outcome
 
 def test_staleness_rule(make_sample):
     s = make_sample("a", "g", [1], [2], version=3)
-    assert not is_stale(s, 7, max_staleness=4)
-    assert is_stale(s, 8, max_staleness=4)
+    assert not is_stale(7, s.policy_version, max_staleness=4)
+    assert is_stale(8, s.policy_version, max_staleness=4)
 
 
 async def test_buffer_pop_fresh_skips_stale(make_sample):

@@ -102,4 +102,4 @@ async def test_engine_runs_conversations_and_merges_env_reward(tok):
     assert sorted(mt for _, mt in bal.requests) == [64 - n_call] * 2 + [64] * 2
     comp = scorer.requests[0].items[0].completion.messages.messages
     assert [m.role for m in comp] == ["assistant", "tool", "assistant"]
-    assert eng.multiturn.stats["tool_calls"] == 2
+    assert eng.strategy.stats["tool_calls"] == 2

@@ -1,0 +1,59 @@
+"""A group in flight (one prompt, num_generations conversations) and its all-or-nothing gather.
+
+Shared by both generation strategies (single_turn.py, multiturn/runner.py) and the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Group:
+    """One prompt being generated and scored."""
+
+    key: tuple[int, int]
+    group_id: str
+    dispatch_version: int
+    started: float = field(default_factory=time.monotonic)
+    completions: list[Any] = field(default_factory=list)
+    """What the strategy generated: vLLM Completions, or multi-turn ConversationResults."""
+    version: int = 0
+    generated_at: float = 0.0
+    task: asyncio.Task | None = None
+    slots: int = 0
+    """In-flight slots this group still holds (one per unfinished request)."""
+
+    def request_id(self, i: int) -> str:
+        """vLLM request id of generation i (turns add their own suffix)."""
+        return f"{self.group_id}-{i}"
+
+
+@dataclass
+class GenerationContext:
+    """What a strategy may use of the engine: where to generate, how, and the slot books."""
+
+    balancer: Any
+    sampling: Any
+    num_generations: int
+    release: Callable[[Group, int], None]
+    """Give back n of a group's in-flight slots (a request or conversation ended)."""
+    count_tokens: Callable[[int], None]
+    """Account n generated tokens (throughput gauge)."""
+
+
+async def gather_or_cancel(coros) -> list:
+    """Results of all coroutines, or the first failure with the others cancelled (a group
+    is all or nothing: a partial group cannot get fair advantages)."""
+    tasks = [asyncio.create_task(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
