@@ -4,7 +4,8 @@ Layout: <output_dir>/checkpoint-<step>/ with the HF files, `optimizer.pt`
 (optimizer, scheduler and RNG states) and `agrpo_state.json` (step, policy version,
 the step whose weights that version carries, and the ledger). A checkpoint is written
 to a temporary folder and renamed, so a crash never leaves a half checkpoint that
-`latest` would pick. `save_total_limit` keeps the newest N.
+`latest` would pick. `save_total_limit` keeps the newest N. Finding and reading a
+checkpoint's state needs no torch (the app restores it before the model loads).
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import json
 import random
 import shutil
 from pathlib import Path
-
-import torch
 
 from services.common.logging import get_logger
 
@@ -26,6 +25,8 @@ STATE_FILE = "agrpo_state.json"
 
 
 def _rng_state() -> dict:
+    import torch
+
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -33,6 +34,8 @@ def _rng_state() -> dict:
 
 
 def _set_rng_state(state: dict) -> None:
+    import torch
+
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
@@ -51,6 +54,8 @@ def save(output_dir: str | Path, state: TrainState, model, tokenizer, optimizer,
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     if not model_only:
+        import torch
+
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "rng": _rng_state()}, tmp / "optimizer.pt")
     (tmp / STATE_FILE).write_text(json.dumps(state.to_dict()))
@@ -82,6 +87,13 @@ def prune(output_dir: str | Path, total_limit: int | None) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def resume_path(resume_from: str | None, output_dir: str | Path) -> Path | None:
+    """`resume_from_checkpoint`, else the latest checkpoint in output_dir, else None."""
+    if resume_from:
+        return Path(resume_from)
+    return latest(output_dir)
+
+
 def read_state(path: str | Path) -> TrainState:
     return TrainState.from_dict(json.loads((Path(path) / STATE_FILE).read_text()))
 
@@ -91,6 +103,8 @@ def restore_optimizer(path: str | Path, optimizer, scheduler) -> bool:
     file = Path(path) / "optimizer.pt"
     if not file.exists():
         return False
+    import torch
+
     data = torch.load(file, weights_only=False)
     optimizer.load_state_dict(data["optimizer"])
     scheduler.load_state_dict(data["scheduler"])

@@ -13,6 +13,7 @@ on an earlier stream. No grpc here: the servicer turns `Outbound` into protos.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -22,6 +23,14 @@ from .sample import Ack, Outcome, Sample
 
 ALREADY_PENDING = "already buffered; TRAINED follows"
 OTHER_GROUP = "prompt already trained by another group (exactly once per epoch)"
+
+
+@dataclass
+class IntakeStats:
+    """What PushSamples took in, and why samples were not buffered (by reason)."""
+
+    received: int = 0
+    drops: Counter = field(default_factory=Counter)
 
 
 @dataclass
@@ -58,7 +67,8 @@ class Intake:
         # train before it goes stale, so rollout does not generate work to drop.
         self.window = min(window or buffer.capacity, buffer.capacity)
         self.max_tokens = max_tokens
-        self.on_event = on_event  # metrics hook: ("received"|"duplicate"|"rejected", sample)
+        self.on_event = on_event  # metrics hook: ("received"|"duplicate"|"rejected"|..., sample)
+        self.stats = IntakeStats()
         self.streams: dict[str, ProducerStream] = {}
         self.pending: set[str] = set()  # accepted, not yet settled (buffered or in a batch)
         self.done = False
@@ -89,6 +99,7 @@ class Intake:
     def receive(self, stream: ProducerStream, sample: Sample) -> Outcome:
         """Admit one sample: ACCEPTED, DUPLICATE (credit back) or REJECTED (credit back)."""
         stream.outstanding = max(0, stream.outstanding - 1)
+        self.stats.received += 1
         self.on_event("received", sample)
         sample.producer_id = sample.producer_id or stream.producer_id
         outcome, reason = self._judge(sample)
@@ -103,6 +114,7 @@ class Intake:
         credits = 0
         if outcome is not Outcome.ACCEPTED or resend:
             kind = {Outcome.DUPLICATE: "duplicate", Outcome.REJECTED: "rejected"}.get(outcome, "resent_pending")
+            self.stats.drops[kind] += 1
             self.on_event(kind, sample)
             credits = 0 if self.done else 1
             stream.outstanding += credits

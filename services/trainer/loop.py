@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import math
-import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from services.common.config import AgrpoConfig
@@ -28,13 +29,14 @@ from services.common.versions import is_stale
 from . import checkpoint
 from .audit import TrainedSampleLog
 from .buffer import SampleBuffer
-from .state import TrainState
 from .engine import Engine
-from .intake import Intake
+from .intake import OTHER_GROUP, Intake
 from .metrics import StepLogger, TrainerMetrics
 from .packing import MicroBatch, make_batcher
 from .policy import PolicyBoard
 from .sample import Outcome, Sample
+from .state import TrainState
+from .step_metrics import step_metrics
 from .weight_sync import WeightSyncer
 from .weight_sync.transports import named_weights
 
@@ -62,10 +64,10 @@ class TrainerLoop:
         self.metrics, self.step_log = metrics, step_log
         self.ledger = state.ledger
         self.audit = TrainedSampleLog(Path(cfg.resolved_output_dir) / "trained_samples.jsonl")
+        self.num_params = sum(p.numel() for p in engine.model.parameters())
         self.max_model_len: int | None = None
         self.batcher = None
-        self.dropped: dict[str, int] = {}
-        self.stale_total = 0
+        self.drops: Counter = Counter()  # samples not trained, by reason (stale, oversize, duplicate_prompt)
         self.last_sync: dict[str, float] = {}
         self._stop = asyncio.Event()
         self.finished = asyncio.Event()
@@ -89,12 +91,12 @@ class TrainerLoop:
         log.warning("dropped sample %s: %s", sample.sample_id, reason)
 
     def _count_drop(self, reason: str, n: int = 1) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + n
+        self.drops[reason] += n
         self.metrics.dropped.labels(reason).inc(n)
 
-    def _prepare_payload(self):
+    def _prepare_payload(self, version: int):
         named = named_weights(self.engine.model, wire_dtype(self.cfg.trainer.sync_dtype))
-        return self.syncer.transport.prepare(named, self._sync_target)
+        return self.syncer.transport.prepare(named, version)
 
     # Weight sync
     async def cold_sync(self) -> None:
@@ -103,12 +105,12 @@ class TrainerLoop:
         reuse = s.version > 0 and s.version_step == s.step
         version = s.version if reuse else s.version + 1
         deadline = time.monotonic() + self.cfg.vllm_server_timeout
-        pending = list(self.syncer.urls)
+        pending, uri = list(self.syncer.urls), ""
         while True:
             try:
                 self.max_model_len = self.max_model_len or await self.syncer.admin(pending[0]).max_model_len()
                 report = await self._sync(version, pending)
-                pending = list(report.errors)
+                pending, uri = list(report.errors), report.uri
             except Exception as exc:  # noqa: BLE001 - retried until the deadline
                 log.warning("cold sync: %s", exc)
             if not pending:
@@ -117,11 +119,10 @@ class TrainerLoop:
                 raise RuntimeError(f"cold sync failed for {pending} after {self.cfg.vllm_server_timeout:.0f} s")
             await asyncio.sleep(2.0)
         self._make_batcher()
-        self._commit_version(version, list(self.syncer.urls))
+        self._commit_version(version, list(self.syncer.urls), uri)
 
     async def _sync(self, version: int, urls: list[str] | None = None):
-        self._sync_target = version
-        report = await self.syncer.sync(version, self._prepare_payload, urls)
+        report = await self.syncer.sync(version, partial(self._prepare_payload, version), urls)
         for phase, secs in report.phase_s.items():
             self.metrics.sync_time.labels(phase).observe(secs)
         for err in report.errors.values():
@@ -129,18 +130,17 @@ class TrainerLoop:
         self.last_sync = dict(report.phase_s)
         return report
 
-    def _commit_version(self, version: int, synced: list[str]) -> None:
+    def _commit_version(self, version: int, synced: list[str], uri: str) -> None:
         self.state.version, self.state.version_step = version, self.state.step
         self.metrics.policy_version.set(version)
-        self.board.publish(version, self.state.step, synced, self.syncer.transport.name,
-                           getattr(self.syncer, "_prepared", None) and self.syncer._prepared.uri or "")
+        self.board.publish(version, self.state.step, synced, self.syncer.transport.name, uri)
         log.info("policy version %d published (step %d, servers %s)", version, self.state.step, synced)
 
     async def publish_weights(self) -> None:
         """New version into every server, then announce it (failed servers re-sync later)."""
         version = self.state.version + 1
         report = await self._sync(version)
-        self._commit_version(version, report.synced)
+        self._commit_version(version, report.synced, report.uri)
         # Samples waiting in open rows were fresh when popped; a new version can make
         # them stale before their micro-batch closes. Never train past max_staleness.
         late = self.batcher.evict(lambda s: is_stale(version, s.policy_version, self.cfg.max_staleness))
@@ -150,9 +150,9 @@ class TrainerLoop:
 
     async def reconcile(self) -> None:
         """Re-sync servers that restarted or missed a version."""
-        self._sync_target = self.state.version
+        version = self.state.version
         try:
-            report = await self.syncer.reconcile(self.state.version, self._prepare_payload)
+            report = await self.syncer.reconcile(version, partial(self._prepare_payload, version))
         except Exception:  # noqa: BLE001 - a failed check is retried next time
             log.exception("reconcile failed")
             return
@@ -234,14 +234,11 @@ class TrainerLoop:
 
     def _drop_other_group(self, sample: Sample) -> None:
         """A re-issued prompt whose first group is already (being) trained: refuse it."""
-        from .intake import OTHER_GROUP
-
         self._count_drop("duplicate_prompt")
         self.intake.settle([sample], Outcome.DUPLICATE, OTHER_GROUP)
         self.intake.regrant()
 
     def _drop_stale(self, stale: list[Sample]) -> None:
-        self.stale_total += len(stale)
         self._count_drop("stale", len(stale))
         for s in stale:
             self.metrics.staleness.observe(self.state.version - s.policy_version)
@@ -266,9 +263,10 @@ class TrainerLoop:
         return stats
 
     def log_step(self, step_in: StepInput, stats: dict) -> None:
-        from .step_metrics import step_metrics
-
-        metrics = step_metrics(self, step_in, stats)
+        metrics = step_metrics(step_in, stats, version=self.state.version, ledger=self.ledger, drops=self.drops,
+                               num_params=self.num_params, peak_tflops=self.cfg.trainer.peak_tflops,
+                               last_sync=self.last_sync)
+        self.last_sync = {}
         self.metrics.tokens_per_s.set(metrics.get("perf/tokens_per_s", 0.0))
         self.metrics.idle.set(metrics.get("perf/idle_fraction", 0.0))
         self.metrics.buffered.set(len(self.buffer))
@@ -307,7 +305,3 @@ def wire_dtype(name: str):
 
     return None if name == "auto" else getattr(torch, name)
 
-
-def mean(values: list[float]) -> float:
-    values = [v for v in values if not math.isnan(v)]
-    return statistics.fmean(values) if values else float("nan")

@@ -41,6 +41,13 @@ class TrainerMetrics:
         self.sync_time = m.histogram("weight_sync_seconds", "Weight-sync time per phase.", ("phase",))
         self.sync_failures = m.counter("weight_sync_failures", "Failed server syncs, by phase.", ("phase",))
 
+    def on_intake(self, kind: str, sample=None) -> None:
+        """Intake events: "received", or why a sample was not buffered."""
+        if kind == "received":
+            self.received.inc()
+        else:
+            self.dropped.labels(kind).inc()
+
     def serve(self, port: int | None) -> int | None:
         return self.registry_owner.serve(port)
 

@@ -47,11 +47,11 @@ def _prompt_key(key) -> common_pb2.PromptKey:
 
 
 class TrainerServicer(trainer_grpc.TrainerServiceServicer):
-    """The gRPC face of a running trainer (`app` is services.trainer.server.TrainerApp)."""
+    """The gRPC face of a running trainer (`app` is services.trainer.app.TrainerApp)."""
 
-    def __init__(self, app, identity: Identity) -> None:
+    def __init__(self, app) -> None:
         self.app = app
-        self.identity = identity
+        self.identity: Identity = app.identity
 
     def _version(self) -> int:
         return self.app.state.version
@@ -128,16 +128,7 @@ class TrainerServicer(trainer_grpc.TrainerServiceServicer):
 
     @grpc_errors
     async def GetStatus(self, request, context):
-        app, ledger = self.app, self.app.state.ledger
-        dropped = dict(app.loop.dropped) if app.loop else {}
-        dropped.update({k: v for k, v in app.intake_drops.items() if v})
-        target = app.cfg.max_steps if app.cfg.max_steps > 0 else 0
-        status = common_pb2.TrainerStatus(
-            step=app.state.step, policy_version=self._version(), completed_epochs=ledger.completed_epochs,
-            prompts_trained=ledger.prompts_trained, samples_received=app.samples_received,
-            samples_trained=len(ledger.trained_ids), samples_dropped=dropped,
-            buffered_samples=len(app.buffer), buffer_capacity=app.buffer.capacity,
-            target_steps=target, resume_point=self.resume_point())
+        status = common_pb2.TrainerStatus(**self.app.status(), resume_point=self.resume_point())
         return common_pb2.GetStatusResponse(service=self.identity.info(), trainer=status)
 
     @grpc_errors

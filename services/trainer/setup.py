@@ -24,13 +24,6 @@ from .weight_sync.transports import HttpTransport, SharedPathTransport
 log = get_logger("trainer.setup")
 
 
-def resume_path(cfg: AgrpoConfig) -> Path | None:
-    """resume_from_checkpoint, else the latest checkpoint in output_dir, else None."""
-    if cfg.resume_from_checkpoint:
-        return Path(cfg.resume_from_checkpoint)
-    return checkpoint.latest(cfg.resolved_output_dir)
-
-
 def make_transport(cfg: AgrpoConfig, device: torch.device):
     """auto: NCCL when training on a GPU, HTTP on CPU."""
     kind = cfg.trainer.weight_transport
@@ -68,21 +61,14 @@ def build_engine(cfg: AgrpoConfig, model_path: str, shard=None):
 
 
 def build_loop(app) -> TrainerLoop:
-    """Everything the loop needs; restores the latest checkpoint into app.state."""
-    cfg = app.cfg
+    """Everything the loop needs; the model (and optimizer) from `app.resumed_from` when
+    the app restored its state from that checkpoint."""
+    cfg, ckpt = app.cfg, app.resumed_from
     if not cfg.model:
         raise ValueError("trainer needs `model` (a path or id)")
-    ckpt = resume_path(cfg)
     engine, tokenizer, device = build_engine(cfg, str(ckpt) if ckpt else cfg.model)
-    if ckpt is not None:
-        restored = checkpoint.read_state(ckpt)
-        if not checkpoint.restore_optimizer(ckpt, engine.optimizer, engine.scheduler):
-            log.warning("%s holds no optimizer state (save_only_model): optimizer starts fresh", ckpt)
-        app.state.step, app.state.version = restored.step, restored.version
-        app.state.version_step = restored.version_step
-        app.state.ledger.__dict__.update(restored.ledger.__dict__)  # the intake holds this object
-        log.info("resumed from %s: step %d, version %d, %d prompts trained", ckpt, restored.step,
-                 restored.version, restored.ledger.prompts_trained)
+    if ckpt is not None and not checkpoint.restore_optimizer(ckpt, engine.optimizer, engine.scheduler):
+        log.warning("%s holds no optimizer state (save_only_model): optimizer starts fresh", ckpt)
     syncer = WeightSyncer(cfg.vllm_urls, make_transport(cfg, device), cfg.weight_sync_phase_timeout,
                           cfg.weight_sync_timeout, load_mode=cfg.trainer.weight_load)
     jsonl = cfg.trainer.metrics_jsonl or Path(cfg.resolved_output_dir) / "metrics.jsonl"

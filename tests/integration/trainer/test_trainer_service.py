@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 from agrpo.v1.common_pb2 import GetStatusRequest, HeartbeatRequest
-from services.trainer.server import credit_window
+from services.trainer.app import credit_window
 from agrpo.v1.trainer_service_pb2 import WatchPolicyRequest
 from services.trainer.sample import Outcome
 from services.trainer.server import build
@@ -37,21 +37,21 @@ async def _next_version(stream, at_least: int, timeout: float = 120.0) -> int:
 
 async def test_train_sync_publish_stale_and_duplicates(shared_vllm, tiny_model_dir, tmp_path):
     cfg = make_cfg(tiny_model_dir, tmp_path, [shared_vllm.base_url], max_staleness=0)
-    app = await build(cfg)
-    await app.start(wait_ready=False)
+    svc = await build(cfg)
+    await svc.start(wait_ready=False)
     try:
-        assert await _health(app.port) == health_pb2.HealthCheckResponse.NOT_SERVING
-        await app.wait_ready(timeout=300)
-        assert await _health(app.port) == health_pb2.HealthCheckResponse.SERVING
+        assert await _health(svc.port) == health_pb2.HealthCheckResponse.NOT_SERVING
+        await svc.wait_ready(timeout=300)
+        assert await _health(svc.port) == health_pb2.HealthCheckResponse.SERVING
         assert shared_vllm.get_json("/weight_info")["weight_version"] == "1"  # cold sync = version 1
 
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.port}")
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{svc.port}")
         stub = trainer_grpc.TrainerServiceStub(channel)
         watch = stub.WatchPolicy(WatchPolicyRequest(watcher_id="test"))
         first = (await asyncio.wait_for(watch.read(), 30)).policy
         assert first.version == 1 and list(first.synced_servers) == [shared_vllm.base_url]
 
-        producer = Producer(app.port, prompts_per_epoch=10)
+        producer = Producer(svc.port, prompts_per_epoch=10)
         await producer.wait_for(lambda: producer.first is not None)
         assert producer.first.credits == credit_window(cfg) and producer.first.policy_version == 1
         stale = rollout_samples(1, 1, version=0, prefix="stale")  # 1 - 0 > max_staleness 0
@@ -65,7 +65,7 @@ async def test_train_sync_publish_stale_and_duplicates(shared_vllm, tiny_model_d
 
         published = await _next_version(watch, 2)
         assert published.step == 1
-        await app.wait_done(timeout=120)
+        await svc.wait_done(timeout=120)
         status = (await stub.GetStatus(GetStatusRequest(), timeout=10)).trainer
         assert (status.step, status.policy_version, status.samples_trained) == (1, 2, 4)
         assert status.samples_dropped["stale"] == 1 and status.samples_dropped["duplicate"] == 1
@@ -76,7 +76,7 @@ async def test_train_sync_publish_stale_and_duplicates(shared_vllm, tiny_model_d
 
         # vLLM now serves exactly the trainer's weights (version 2).
         assert shared_vllm.get_json("/weight_info")["weight_version"] == "2"
-        model = app.loop.engine.model
+        model = svc.app.loop.engine.model
         for prompt in ([5, 17, 99, 42], list(fresh[0].input_ids[:8])):
             assert vllm_greedy(shared_vllm, prompt) == greedy(model, prompt)
 
@@ -86,31 +86,31 @@ async def test_train_sync_publish_stale_and_duplicates(shared_vllm, tiny_model_d
                     "batch/forward_tokens", "perf/tokens_per_s", "perf/weight_sync_s",
                     "perf/weight_sync/update_s"):
             assert key in lines[0], key
-        text = app.metrics.registry_owner.registry.get_sample_value(
+        text = svc.app.metrics.registry_owner.registry.get_sample_value(
             "agrpo_trainer_samples_dropped_total", {"reason": "stale"})
         assert text == 1.0
         watch.cancel()
         await producer.close()
         await channel.close()
     finally:
-        await app.stop()
+        await svc.stop()
 
 
 async def test_checkpoint_resume_keeps_step_version_ledger(shared_vllm, tiny_model_dir, tmp_path):
     cfg = make_cfg(tiny_model_dir, tmp_path, [shared_vllm.base_url], save_strategy="steps", save_steps=1,
                    save_total_limit=1)
     samples = rollout_samples(2, 2, version=1, seed=2)
-    app = await build(cfg)
-    await app.start()
+    svc = await build(cfg)
+    await svc.start()
     try:
-        producer = Producer(app.port, prompts_per_epoch=4)
+        producer = Producer(svc.port, prompts_per_epoch=4)
         await producer.send(samples)
         await producer.wait_for(lambda: all(producer.final(s.sample_id) == Outcome.TRAINED for s in samples))
-        await app.wait_done(timeout=120)
+        await svc.wait_done(timeout=120)
         await producer.close()
-        saved = (app.state.step, app.state.version, sorted(app.state.ledger.trained_ids))
+        saved = (svc.app.state.step, svc.app.state.version, sorted(svc.app.state.ledger.trained_ids))
     finally:
-        await app.stop()
+        await svc.stop()
     assert saved[:2] == (1, 2)
     assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-1"]
 
@@ -118,8 +118,8 @@ async def test_checkpoint_resume_keeps_step_version_ledger(shared_vllm, tiny_mod
     await resumed.start()
     try:
         # Same weights as version 2 were checkpointed, so the cold sync re-labels them as 2.
-        assert (resumed.state.step, resumed.state.version) == (1, 2)
-        assert sorted(resumed.state.ledger.trained_ids) == saved[2]
+        assert (resumed.app.state.step, resumed.app.state.version) == (1, 2)
+        assert sorted(resumed.app.state.ledger.trained_ids) == saved[2]
         async with grpc.aio.insecure_channel(f"127.0.0.1:{resumed.port}") as ch:
             point = (await trainer_grpc.TrainerServiceStub(ch).GetResumePoint(
                 trainer_pb.GetResumePointRequest(), timeout=10)).resume_point

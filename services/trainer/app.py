@@ -1,0 +1,102 @@
+"""Wire the trainer together: restored state, buffer, intake, policy board, metrics, loop.
+
+The checkpoint to resume from (if any) is read first, so the ledger the intake checks
+against is the restored one from the start. `boot()` loads the model and cold-syncs
+every vLLM server (slow, so the gRPC server answers NOT_SERVING meanwhile); `train()`
+runs the loop. No gRPC here: services/trainer/server.py serves this app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.common.config import AgrpoConfig
+from services.common.identity import Identity
+from services.common.logging import get_logger
+
+from . import checkpoint
+from .buffer import SampleBuffer
+from .intake import Intake
+from .ledger import Ledger
+from .metrics import TrainerMetrics
+from .policy import PolicyBoard
+from .state import TrainState
+
+log = get_logger("trainer.app")
+
+
+def credit_window(cfg: AgrpoConfig) -> int:
+    """Samples the trainer lets rollout buffer ahead: trainer.credit_window, or by default
+    what max_staleness + 1 steps consume (more would only go stale), capped by queue_maxsize."""
+    if cfg.trainer.credit_window:
+        return min(cfg.trainer.credit_window, cfg.queue_maxsize)
+    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    return min(cfg.queue_maxsize, per_step * (cfg.max_staleness + 1))
+
+
+class TrainerApp:
+    """The running trainer: what the servicer answers from and the server drives."""
+
+    def __init__(self, cfg: AgrpoConfig) -> None:
+        self.cfg = cfg
+        self.identity = Identity("trainer")
+        self.resumed_from = checkpoint.resume_path(cfg.resume_from_checkpoint, cfg.resolved_output_dir)
+        self.state = self._restore()
+        self.buffer = SampleBuffer(cfg.queue_maxsize)
+        self.board = PolicyBoard()
+        self.metrics = TrainerMetrics()
+        self.intake = Intake(self.buffer, self.state.ledger, self._max_tokens, self.metrics.on_intake,
+                             window=credit_window(cfg))
+        self.loop = None  # TrainerLoop, once boot() has loaded the model
+        self.ready = False
+
+    def _restore(self) -> TrainState:
+        if self.resumed_from is None:
+            return TrainState(ledger=Ledger())
+        state = checkpoint.read_state(self.resumed_from)
+        log.info("resuming from %s: step %d, version %d, %d prompts trained", self.resumed_from,
+                 state.step, state.version, state.ledger.prompts_trained)
+        return state
+
+    def _max_tokens(self) -> int | None:
+        return self.loop.token_budget() if self.loop else None
+
+    async def boot(self) -> None:
+        """Load the model (or the checkpoint), open the weight syncer, cold-sync every server."""
+        from .setup import build_loop
+
+        self.loop = await asyncio.to_thread(build_loop, self)
+        await self.loop.syncer.open()
+        await self.loop.cold_sync()
+        self.ready = True
+        log.info("trainer ready at version %d (step %d)", self.state.version, self.state.step)
+
+    async def train(self) -> bool:
+        """Run the loop; True when training is done (not merely stopped)."""
+        await self.loop.run()
+        return self.loop.done()
+
+    def stop_training(self) -> None:
+        """Finish the step in progress, then stop."""
+        if self.loop is not None:
+            self.loop.stop()
+
+    async def close(self) -> None:
+        """End every stream (watchers, producers) and release the syncer."""
+        self.board.close()
+        for stream in list(self.intake.streams.values()):
+            stream.send(None)
+        if self.loop is not None:
+            await self.loop.syncer.close()
+
+    def status(self) -> dict:
+        """GetStatus's numbers (the servicer adds the resume point)."""
+        ledger = self.state.ledger
+        drops = dict(self.loop.drops) if self.loop else {}
+        drops.update({k: v for k, v in self.intake.stats.drops.items() if v})
+        return {"step": self.state.step, "policy_version": self.state.version,
+                "completed_epochs": ledger.completed_epochs, "prompts_trained": ledger.prompts_trained,
+                "samples_received": self.intake.stats.received, "samples_trained": len(ledger.trained_ids),
+                "samples_dropped": drops, "buffered_samples": len(self.buffer),
+                "buffer_capacity": self.buffer.capacity,
+                "target_steps": self.cfg.max_steps if self.cfg.max_steps > 0 else 0}
