@@ -7,7 +7,7 @@ stays NOT_SERVING until the workers have loaded the configured functions.
 
 In-process (tests, benchmarks):
 
-    server = await build(cfg); port = await server.start(); ...; await server.stop()
+    svc = await build(cfg); port = await svc.start(); ...; await svc.stop()
 """
 
 from __future__ import annotations
@@ -18,27 +18,21 @@ from services.common.config import AgrpoConfig
 from services.common.logging import get_logger, setup_logging
 from services.common.server import GrpcServer
 
-from .metrics import RewardMetrics
-from .pool import WorkerPool, WorkerStartError
-from .registry import specs_from_config
-from .scorer import Scorer
+from .app import RewardApp
+from .pool import WorkerStartError
 from .servicer import SERVICE_NAME, RewardServicer
 
 log = get_logger("reward")
 
 
-class RewardServer:
-    """The gRPC server, its worker pool and metrics; `start()` then `stop()`."""
+class RewardService:
+    """The gRPC server plus the app behind it; `start()` then `stop()`."""
 
     def __init__(self, cfg: AgrpoConfig) -> None:
         self.cfg = cfg
-        section = cfg.reward
-        self.metrics = RewardMetrics()
-        self.specs = specs_from_config(cfg)
-        self.pool = WorkerPool(self.specs, section.num_workers, section.start_method,
-                               section.worker_start_timeout_s, self.metrics.on_pool_event)
-        self.servicer = RewardServicer(self.metrics)
-        self.grpc_server = GrpcServer(section, [SERVICE_NAME], self.servicer.register,
+        self.app = RewardApp(cfg)
+        self.servicer = RewardServicer(self.app.metrics)
+        self.grpc_server = GrpcServer(cfg.reward, [SERVICE_NAME], self.servicer.register,
                                       tls=cfg.tls, auth=cfg.auth)
         self.metrics_port: int | None = None
 
@@ -49,48 +43,39 @@ class RewardServer:
 
     async def start(self) -> int:
         """Listen (NOT_SERVING), start the workers, then report SERVING; return the port."""
-        section = self.cfg.reward
         await self.grpc_server.start()
-        self.metrics_port = self.metrics.serve(section.metrics_port)
+        self.metrics_port = self.app.metrics.serve(self.cfg.reward.metrics_port)
         try:
-            infos = await self.pool.start()
-            self.servicer.scorer = Scorer(
-                infos, self.pool, self.metrics, max_items=section.max_items,
-                capacity=section.num_workers + section.max_queue,
-                call_timeout_s=section.call_timeout_s)
+            self.servicer.scorer = await self.app.start()
         except BaseException:
             await self.grpc_server.stop(0)
             raise
         await self.grpc_server.set_serving(True)
-        log.info("reward functions ready", extra={
-            "functions": [i.name for i in infos if i.default_enabled],
-            "offered": [i.name for i in infos if not i.default_enabled],
-            "workers": section.num_workers, "metrics_port": self.metrics_port})
         return self.port
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Drain and stop the gRPC server, then the workers."""
         await self.grpc_server.stop(grace_s)
-        await self.pool.close()
+        await self.app.close()
 
 
-async def build(cfg: AgrpoConfig) -> RewardServer:
-    """A reward server for `cfg`, not started yet."""
-    return RewardServer(cfg)
+async def build(cfg: AgrpoConfig) -> RewardService:
+    """A reward service for `cfg`, not started yet."""
+    return RewardService(cfg)
 
 
 async def serve(cfg: AgrpoConfig) -> int:
     """Run until SIGTERM/SIGINT; 1 when the reward functions cannot be loaded."""
-    server = await build(cfg)
+    svc = await build(cfg)
     try:
-        await server.start()
+        await svc.start()
     except (WorkerStartError, ValueError) as exc:
         log.error("cannot start the reward service: %s", exc)
         return 1
     try:
-        await server.grpc_server.wait_for_stop()
+        await svc.grpc_server.wait_for_stop()
     finally:
-        await server.pool.close()
+        await svc.app.close()
     return 0
 
 

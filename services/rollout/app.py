@@ -1,8 +1,9 @@
 """Wire the rollout service together: vLLM clients, data, scheduler, engine, sender, links.
 
-`RolloutApp.start()` serves gRPC (health NOT_SERVING), handshakes every vLLM
-server, loads and tokenizes the dataset, connects to the trainer and the reward
-service, and starts generating once the trainer's resume point is known.
+`setup()` handshakes every vLLM server, loads and tokenizes the dataset and opens the
+channels to the trainer and the reward service; `run_background()` starts the links and
+generates once the trainer's resume point is known. No gRPC serving here:
+services/rollout/server.py serves this app (and flips health with `on_trainer_state`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from .trainer_link import TrainerLiveness, heartbeat_loop, watch_policy
 from .vllm_client import VLLMClient
 
 log = get_logger("rollout.app")
-SERVICE = "agrpo.v1.RolloutService"
 
 
 class RolloutApp:
@@ -39,7 +39,8 @@ class RolloutApp:
         self.identity = identity or Identity("rollout")
         self.metrics = RolloutMetrics()
         self.liveness = TrainerLiveness(cfg.heartbeat_stale_after_s)
-        self.grpc_server = None  # set by server.build
+        self.on_trainer_state = _ignore_state
+        """async (stale: bool) -> None, called when the trainer goes silent or comes back."""
         self.engine: Engine | None = None
         self.sender: Sender | None = None
         self.scheduler: PromptScheduler | None = None
@@ -114,7 +115,8 @@ class RolloutApp:
             asyncio.create_task(watch_policy(ch, self.identity.instance_id, self.on_version,
                                              self.liveness, self.cfg.rollout.trainer_reconnect_s)),
             asyncio.create_task(heartbeat_loop(ch, self.heartbeat, self.liveness,
-                                               self.cfg.rollout.heartbeat_interval_s, self._on_trainer_state)),
+                                               self.cfg.rollout.heartbeat_interval_s,
+                                               lambda stale: self.on_trainer_state(stale))),
             asyncio.create_task(self._run_engine()),
             asyncio.create_task(self._gauges()),
         ]
@@ -138,13 +140,6 @@ class RolloutApp:
         elif self.sender.done.is_set():
             self.identity.state = common_pb2.SERVING_STATE_DONE
             self.finished.set()
-
-    async def _on_trainer_state(self, stale: bool) -> None:
-        if self.grpc_server is not None:
-            from grpc_health.v1 import health_pb2
-            status = (health_pb2.HealthCheckResponse.NOT_SERVING if stale
-                      else health_pb2.HealthCheckResponse.SERVING)
-            await self.grpc_server.health.set(SERVICE, status)
 
     async def _gauges(self) -> None:
         """Refresh gauges every second and the servers' weight labels every 5 s."""
@@ -190,12 +185,9 @@ class RolloutApp:
     def on_group_done(self, key, ok: bool, reason: str) -> None:
         if ok:
             self.scheduler.trained(key)
+            self.engine.wake()
         else:
-            self.scheduler.failed(key)
-            self.engine.drops[reason] = self.engine.drops.get(reason, 0) + 1
-            self.metrics.drops.labels(reason).inc()
-            self.metrics.reissued.inc()
-        self.engine.wake()
+            self.engine.drop_key(key, reason)
 
     def on_version(self, version: int) -> None:
         if self.engine:
@@ -215,14 +207,17 @@ class RolloutApp:
         return heartbeat_request(self.identity, self.version())
 
     # Status
-    def status(self) -> common_pb2.RolloutStatus:
+    def status(self) -> dict:
+        """GetStatus's numbers ({} before setup); `servers` is the balancer's snapshot."""
         e, s, sch = self.engine, self.sender, self.scheduler
         if e is None:
-            return common_pb2.RolloutStatus()
-        drops = dict(e.drops)
-        servers = [common_pb2.InferenceServerStatus(**d) for d in self.balancer.snapshot()]
-        return common_pb2.RolloutStatus(
-            epoch=sch.epoch, prompts_issued=sch.issued, prompts_reissued=sch.reissued,
-            groups_in_flight=len(e.generating) + e.scoring_groups, samples_buffered=s.held,
-            samples_sent=s.sent, samples_acked=s.acked, drops=drops, policy_version=e.version,
-            trainer_connected=s.connected, trainer_silent_s=self.liveness.silent_s, servers=servers)
+            return {}
+        return {"epoch": sch.epoch, "prompts_issued": sch.issued, "prompts_reissued": sch.reissued,
+                "groups_in_flight": len(e.generating) + e.scoring_groups, "samples_buffered": s.held,
+                "samples_sent": s.sent, "samples_acked": s.acked, "drops": dict(e.drops),
+                "policy_version": e.version, "trainer_connected": s.connected,
+                "trainer_silent_s": self.liveness.silent_s, "servers": self.balancer.snapshot()}
+
+
+async def _ignore_state(stale: bool) -> None:
+    return None

@@ -20,6 +20,7 @@ import asyncio
 import math
 import time
 import uuid
+from collections import Counter
 
 from services.common.logging import get_logger
 from services.common.versions import is_stale
@@ -67,7 +68,7 @@ class Engine:
         self.generating: dict[str, Group] = {}
         self.scoring_groups = 0
         self.score_queue: asyncio.Queue[Group] = asyncio.Queue()
-        self.drops: dict[str, int] = {}
+        self.drops: Counter = Counter()  # groups dropped (their prompt re-issued), by reason
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._tok_window: list[tuple[float, int]] = []
@@ -154,10 +155,14 @@ class Engine:
             self.wake()
 
     def _drop(self, group: Group, reason: str, delay_s: float = 0.0) -> None:
-        self.drops[reason] = self.drops.get(reason, 0) + 1
+        self.drop_key(group.key, reason, delay_s)
+
+    def drop_key(self, key: tuple[int, int], reason: str, delay_s: float = 0.0) -> None:
+        """Count a dropped group and re-issue its prompt (after `delay_s`)."""
+        self.drops[reason] += 1
         self.metrics.drops.labels(reason).inc()
         self.metrics.reissued.inc()
-        self.scheduler.failed(group.key, delay_s)
+        self.scheduler.failed(key, delay_s)
         self.wake()
 
     # Policy versions

@@ -61,7 +61,6 @@ class Sender:
         self.done = asyncio.Event()
         self.sent = 0
         self.acked = 0
-        self.counts: dict[str, int] = {}
         self._wake = asyncio.Event()
 
     @property
@@ -180,7 +179,6 @@ class Sender:
     def _drop_stale(self, gid: str) -> None:
         key = self.groups[gid].key
         self._forget_group(gid)
-        self._count("stale_buffered")
         self.hooks.on_group_done(key, False, "stale_buffered")
 
     def _forget_group(self, gid: str) -> None:
@@ -209,7 +207,6 @@ class Sender:
         if outcome is None or sample is None:
             return
         self.acked += 1
-        self._count(outcome)
         group = self.groups.get(sample.group_id)
         if group is None:
             return
@@ -220,9 +217,6 @@ class Sender:
             ok = bool(results & {"trained", "duplicate", "rejected"})
             self.hooks.on_group_done(group.key, ok, "stale_trainer" if not ok else ",".join(sorted(results)))
         self._wake.set()
-
-    def _count(self, what: str) -> None:
-        self.counts[what] = self.counts.get(what, 0) + 1
 
 
 async def _quiet(awaitable) -> None:

@@ -15,11 +15,12 @@ from agrpo.v1 import rollout_service_pb2_grpc as rollout_grpc
 from services.common.logging import get_logger, setup_logging
 from services.common.server import GrpcServer
 
-from .app import SERVICE, RolloutApp
+from .app import RolloutApp
 from .servicer import RolloutServicer
 from .vllm_client import VLLMIncompatible
 
 log = get_logger("rollout.server")
+SERVICE = "agrpo.v1.RolloutService"
 
 
 class RolloutService:
@@ -32,7 +33,7 @@ class RolloutService:
         self.grpc_server = GrpcServer(cfg.rollout, [SERVICE],
                                       lambda s: rollout_grpc.add_RolloutServiceServicer_to_server(servicer, s),
                                       tls=cfg.tls if cfg.tls.enabled else None, auth=cfg.auth)
-        self.app.grpc_server = self.grpc_server
+        self.app.on_trainer_state = self._on_trainer_state
         self.port: int | None = None
         self.metrics_port: int | None = None
 
@@ -45,6 +46,14 @@ class RolloutService:
         self.app.identity.state = common_pb2.SERVING_STATE_SERVING
         await self.grpc_server.set_serving(True)
         return self.port
+
+    async def _on_trainer_state(self, stale: bool) -> None:
+        """A silent trainer makes RolloutService NOT_SERVING (the server itself stays up)."""
+        from grpc_health.v1 import health_pb2
+
+        status = (health_pb2.HealthCheckResponse.NOT_SERVING if stale
+                  else health_pb2.HealthCheckResponse.SERVING)
+        await self.grpc_server.health.set(SERVICE, status)
 
     async def stop(self) -> None:
         self.app.identity.state = common_pb2.SERVING_STATE_STOPPING

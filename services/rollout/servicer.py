@@ -21,4 +21,7 @@ class RolloutServicer(rollout_grpc.RolloutServiceServicer):
 
     @grpc_errors
     async def GetStatus(self, request, context):
-        return common_pb2.GetStatusResponse(service=self.app.identity.info(), rollout=self.app.status())
+        status = self.app.status()
+        servers = [common_pb2.InferenceServerStatus(**d) for d in status.pop("servers", [])]
+        return common_pb2.GetStatusResponse(service=self.app.identity.info(),
+                                            rollout=common_pb2.RolloutStatus(**status, servers=servers))

@@ -14,7 +14,7 @@ from agrpo.v1 import reward_service_pb2 as pb
 from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
 from services.common.channels import open_channel
 from services.common.config import AgrpoConfig
-from services.reward.server import RewardServer, build
+from services.reward.server import RewardService, build
 
 HERE = Path(__file__).resolve().parent
 SERVICE = "agrpo.v1.RewardService"
@@ -30,7 +30,7 @@ def make_cfg(reward_funcs: list[dict[str, Any]], **reward: Any) -> AgrpoConfig:
 
 
 @contextlib.asynccontextmanager
-async def running(cfg: AgrpoConfig) -> AsyncIterator[RewardServer]:
+async def running(cfg: AgrpoConfig) -> AsyncIterator[RewardService]:
     """A started in-process server, stopped on exit."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     server = await build(cfg)

@@ -51,7 +51,7 @@ async def stub(server):
 
 def metric(server, text: str) -> float:
     """Value of the first sample line starting with `text` in the server's metrics."""
-    for line in generate_latest(server.metrics.registry).decode().splitlines():
+    for line in generate_latest(server.app.metrics.registry).decode().splitlines():
         if line.startswith(text):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
@@ -256,7 +256,7 @@ async def test_score_stream_answers_each_request(stub):
 
 async def test_metrics_are_exported(server, stub):
     await stub.Score(request([item("a")], "async_len"))
-    text = generate_latest(server.metrics.registry).decode()
+    text = generate_latest(server.app.metrics.registry).decode()
     for name in ("agrpo_reward_requests_total", "agrpo_reward_function_latency_seconds_bucket",
                  "agrpo_reward_queue_depth", "agrpo_reward_in_flight_requests",
                  "agrpo_reward_function_failures_total", "agrpo_reward_function_timeouts_total"):

@@ -57,5 +57,5 @@ async def test_silent_trainer_is_reported_in_health_and_status(vllm_server, tiny
                     break
                 await asyncio.sleep(0.2)
             assert (await health.Check(req)).status == health_pb2.HealthCheckResponse.NOT_SERVING
-            assert svc.app.status().trainer_silent_s > 1.5
-            assert not svc.app.status().trainer_connected
+            assert svc.app.status()["trainer_silent_s"] > 1.5
+            assert not svc.app.status()["trainer_connected"]
