@@ -7,22 +7,28 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test demo protos lint-protos
+.PHONY: setup test test-unit lint demo protos lint-protos
 
 setup:
 	bash scripts/setup_env.sh
 
-test: setup
+# Everything CI runs: the lint, then the whole suite (real vLLM, real processes).
+test: lint
 	$(PY) -m pytest -q
+
+# The fast subset: unit tests that need no vLLM server (about a minute on 2 cores).
+test-unit: setup
+	$(PY) -m pytest -q tests/unit -m "not vllm and not slow"
+
+lint: setup
+	$(PY) -m ruff check .
 
 demo: setup
 	.venv/bin/agrpo demo $(DEMO_ARGS)
 
+# Regenerate gen/ from protos/ (a test fails when the two drift apart).
 protos: setup
 	$(PY) scripts/gen_protos.py
 
-lint-demo: setup
-	.venv/bin/agrpo demo $(DEMO_ARGS)
-
-protos: setup
-	bash scripts/setup_env.sh tools && .cache/tools/node_modules/.bin/buf lint
+lint-protos: setup
+	.cache/tools/node_modules/.bin/buf lint

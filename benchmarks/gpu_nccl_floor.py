@@ -96,7 +96,7 @@ def run_bandwidth(rank: int, sizes_mib: list[int], reps: int, warmup: int, barri
     rows = []
     for mib in sizes_mib:
         b = torch.empty(mib << 20, dtype=torch.uint8, device="cuda").random_(0, 256)
-        t = timed(lambda: dist.broadcast(b, src=0), reps, warmup, barrier)
+        t = timed(lambda b=b: dist.broadcast(b, src=0), reps, warmup, barrier)
         med = statistics.median(t)
         rows.append(dict(label=f"buffer {mib} MiB", bytes=mib << 20, tensors=1, chunks=1,
                          floor_ms=round(med, 3), floor_min_ms=round(min(t), 3),

@@ -85,8 +85,8 @@ def ours_rounds(ws, model, url: str, rendezvous: str, rounds: int, first_version
         try:
             for r in range(rounds + 1):
                 version = first_version + r
-                rep = await syncer.sync(version, lambda: transport.prepare(
-                    transports.named_weights(model), version))
+                rep = await syncer.sync(version, lambda v=version: transport.prepare(
+                    transports.named_weights(model), v))
                 if not rep.ok:
                     raise RuntimeError(f"sync failed: {rep.errors}")
                 ph = {k: round(v * 1e3, 2) for k, v in rep.phase_s.items()}
@@ -136,7 +136,7 @@ def helper_rounds(api, model, port: int, rounds: int) -> list[dict]:
         t2 = time.perf_counter()
         ub: dict = {}
 
-        def upd():
+        def upd(ub=ub):
             try:
                 api.post("/update_weights", {"update_info": update_info})
             except Exception as exc:  # noqa: BLE001

@@ -40,7 +40,7 @@ async def bench(url: str, model_dir: str, rounds: int) -> list[dict]:
         samples: dict[str, list[float]] = {p: [] for p in PHASES}
         for r in range(rounds):
             version = 1000 + r
-            report = await syncer.sync(version, lambda v=version: transport.prepare(named_weights(model), v))
+            report = await syncer.sync(version, lambda v=version, t=transport: t.prepare(named_weights(model), v))
             assert report.ok, report.errors
             for p in PHASES:
                 samples[p].append(report.phase_s.get(p, 0.0))

@@ -1,7 +1,7 @@
 """Generate the Python protobuf/gRPC code in gen/ from protos/.
 
 Run: python scripts/gen_protos.py [--out DIR]
-The generated code is committed; tests/unit/test_proto_drift.py regenerates it
+The generated code is committed; tests/unit/common/test_protos.py regenerates it
 into a temporary folder and fails when it differs from gen/.
 """
 

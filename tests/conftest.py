@@ -1,13 +1,13 @@
 """Shared pytest fixtures: a cached tiny model and one vLLM server per session.
 
 Markers (``vllm``, ``slow``, ``gpu``, ``e2e``) are registered in pyproject.toml;
-deselect the server-backed tests with ``-m "not vllm"``.
+deselect the server-backed tests with ``-m "not vllm"``. Shared helper modules live in
+tests/support/, on the path through pytest's `pythonpath` setting.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 # Before torch is imported anywhere: on 2 cores the vLLM engine pins one core,
@@ -16,12 +16,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `from vllm_server import ...`
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
 from vllm_server import VLLMServer  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Built models are cached across runs (they are deterministic, and keyed by a marker
 # file holding their parameters). Set AGRPO_TINY_MODEL_CACHE to move the cache.

@@ -37,18 +37,6 @@ class NotFound(ServiceError):
     code = grpc.StatusCode.NOT_FOUND
 
 
-class FailedPrecondition(ServiceError):
-    """The service is not in a state to do this (weights not loaded, wrong phase)."""
-
-    code = grpc.StatusCode.FAILED_PRECONDITION
-
-
-class Stale(ServiceError):
-    """Work older than max_staleness allows: regenerate it."""
-
-    code = grpc.StatusCode.ABORTED
-
-
 class ResourceExhausted(ServiceError):
     """Queue full or request too large: back off."""
 
@@ -59,12 +47,6 @@ class Unavailable(ServiceError):
     """Shutting down or a peer is restarting: retry."""
 
     code = grpc.StatusCode.UNAVAILABLE
-
-
-class Unauthenticated(ServiceError):
-    """Missing or wrong credentials."""
-
-    code = grpc.StatusCode.UNAUTHENTICATED
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException, method: str) -> None:

@@ -33,7 +33,6 @@ class ServerState:
         self.failures = 0
         self.completed = 0
         self.weight_label = ""
-        self.consecutive_failures = 0
         self.latencies: deque[float] = deque(maxlen=64)
         self.probe: asyncio.Task | None = None
 
@@ -78,7 +77,6 @@ class Balancer:
                 continue
             finally:
                 server.outstanding -= 1
-            server.consecutive_failures = 0
             server.completed += 1
             server.latencies.append(out.latency_s)
             if self.on_latency:
@@ -88,7 +86,6 @@ class Balancer:
 
     async def _mark_failed(self, server: ServerState, exc: Exception) -> None:
         server.failures += 1
-        server.consecutive_failures += 1
         if not server.up:
             return
         server.up = False
@@ -105,7 +102,6 @@ class Balancer:
             delay = min(delay * 2, self.backoff_max_s)
         async with self._changed:
             server.up = True
-            server.consecutive_failures = 0
             self._changed.notify_all()
         log.info("vLLM server %s is back", server.client.base_url)
 
@@ -113,10 +109,6 @@ class Balancer:
         """Best-effort abort of request ids (all attempts) on every up server."""
         ids = [f"{r}-a{a}" for r in request_ids for a in range(self.retries)]
         await asyncio.gather(*(s.client.abort(ids) for s in self.servers if s.up))
-
-    @property
-    def total_outstanding(self) -> int:
-        return sum(s.outstanding for s in self.servers)
 
     async def close(self) -> None:
         for s in self.servers:

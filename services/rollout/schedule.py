@@ -104,10 +104,6 @@ class PromptScheduler:
                 yield (i, e)
 
     # State
-    @property
-    def reissue_waiting(self) -> int:
-        return len(self._reissue)
-
     def exhausted(self) -> bool:
         """Every epoch issued and nothing left to re-issue or wait for."""
         fresh_left = self.num_epochs is None or self.epoch < self.num_epochs

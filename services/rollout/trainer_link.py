@@ -24,11 +24,9 @@ class TrainerLiveness:
     def __init__(self, stale_after_s: float) -> None:
         self.stale_after_s = stale_after_s
         self.last_heard = time.monotonic()
-        self.ever_heard = False
 
     def heard(self) -> None:
         self.last_heard = time.monotonic()
-        self.ever_heard = True
 
     @property
     def silent_s(self) -> float:

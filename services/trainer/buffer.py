@@ -1,8 +1,8 @@
 """The bounded sample buffer between PushSamples and the training loop.
 
-Holds at most `capacity` samples (queue_maxsize), in arrival order, and knows every
-buffered id so a re-sent sample is a duplicate. Staleness is judged at consumption
-(`pop_fresh`), against the trainer's version at that moment, as TRL does.
+Holds at most `capacity` samples (queue_maxsize), in arrival order (the intake knows
+which ids are pending, so a re-send is recognised there). Staleness is judged at
+consumption (`pop_fresh`), against the trainer's version at that moment, as TRL does.
 """
 
 from __future__ import annotations
@@ -16,19 +16,15 @@ from .sample import Sample
 
 
 class SampleBuffer:
-    """FIFO of samples with an id index and an event for waiters (event-loop only)."""
+    """FIFO of samples with an event for waiters (event-loop only)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._queue: deque[Sample] = deque()
-        self._ids: set[str] = set()
         self._nonempty = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._queue)
-
-    def __contains__(self, sample_id: str) -> bool:
-        return sample_id in self._ids
 
     @property
     def free(self) -> int:
@@ -39,14 +35,12 @@ class SampleBuffer:
         if len(self._queue) >= self.capacity:
             raise OverflowError("sample buffer full: producer sent without credit")
         self._queue.append(sample)
-        self._ids.add(sample.sample_id)
         self._nonempty.set()
 
     def pop(self) -> Sample | None:
         if not self._queue:
             return None
         sample = self._queue.popleft()
-        self._ids.discard(sample.sample_id)
         if not self._queue:
             self._nonempty.clear()
         return sample

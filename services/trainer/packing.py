@@ -211,10 +211,6 @@ class MicroBatch:
     load: list[int] = field(default_factory=list)
 
     @property
-    def mean_seq_len(self) -> float:
-        return self.num_forward_tokens / max(self.num_samples, 1)
-
-    @property
     def samples(self) -> list[Sample]:
         return [s for row in self.rows for s in row.samples]
 
@@ -247,7 +243,6 @@ class TokenBudgetBatcher:
         self.num_rows, self.budget, self.max_samples = num_rows, budget, max_samples
         self.on_drop = on_drop or (lambda s, r: None)
         self.rows = [TreeRow() for _ in range(num_rows)]
-        self.dropped_oversize = 0
 
     @property
     def num_samples(self) -> int:
@@ -256,7 +251,6 @@ class TokenBudgetBatcher:
     def add(self, sample: Sample) -> list[MicroBatch]:
         """Place one sample; return the micro-batches this closed (zero or one)."""
         if len(sample) > self.budget or sample.num_terms > self.budget:
-            self.dropped_oversize += 1
             self.on_drop(sample, f"oversize: {len(sample)} tokens > token_budget {self.budget}")
             return []
         out = []
@@ -352,7 +346,6 @@ class FixedCountBatcher:
     def __init__(self, num_rows: int, batch_size: int) -> None:
         self.num_rows, self.batch_size = num_rows, batch_size
         self.pending: list[Sample] = []
-        self.dropped_oversize = 0
 
     @property
     def num_samples(self) -> int:

@@ -7,8 +7,7 @@ only ever needs the newest version, so its queue keeps just the latest message.
 from __future__ import annotations
 
 import asyncio
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -21,7 +20,6 @@ class PolicyInfo:
     transport: str
     weights_uri: str = ""
     synced_servers: tuple[str, ...] = ()
-    published_at: float = field(default_factory=time.time)
 
 
 class PolicyBoard:
@@ -30,7 +28,6 @@ class PolicyBoard:
     def __init__(self) -> None:
         self.current: PolicyInfo | None = None
         self._watchers: set[asyncio.Queue] = set()
-        self.changed = asyncio.Event()
 
     def publish(self, version: int, step: int, synced: list[str], transport: str, uri: str = "") -> PolicyInfo:
         info = PolicyInfo(version, step, str(version), transport, uri, tuple(synced))

@@ -16,8 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_tree_packed_padded_and_flex_give_the_same_logprobs(tiny_gpu_model):
     import torch
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import gpu_train_throughput as g
+    import gpu_train_throughput as g  # benchmarks/ is on pytest's pythonpath
 
     # rows of 128 + 4*32 = 256 (tree) and 4*160 = 640 (packed) tokens: multiples of flex's 128 block
     # (a 115-token row failed to lower: inductor "NoValidChoicesError" for flex_attention, torch 2.11)

@@ -25,7 +25,6 @@ ENV_PREFIX = "AGRPO_"
 # AGRPO_* variables that are not config keys: the config file, and where the launchers
 # (demo, tests) find vLLM's interpreter.
 NOT_KEYS = frozenset({"AGRPO_CONFIG", "AGRPO_VLLM_PYTHON"})
-SECTIONS = ("trainer", "rollout", "reward", "tls", "auth", "dataset")
 
 
 class ConfigError(ValueError):

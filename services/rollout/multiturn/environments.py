@@ -76,10 +76,6 @@ class Environments:
             return cls({k: load_callable(v) for k, v in value.items()})
         return cls(load_callable(value))
 
-    @property
-    def reward_names(self) -> list[str]:
-        return sorted({s.class_name for s in self.specs.values() if s.has_reward})
-
     def spec_for(self, row: dict) -> EnvSpec:
         if not self.multi:
             return self.specs["default"]

@@ -135,10 +135,6 @@ class Reconciler:
             self.tally.drift_tokens.append(drift)
         return decision
 
-    def append_context(self, ids: list[int]) -> None:
-        """Context after the last output that no later turn re-renders (e.g. a final EOS tail)."""
-        self.current.add(ids, 0)
-
     def rows(self) -> list[Row]:
         """The rows with at least one trained token."""
         return [r for r in self._rows if r.trained]

@@ -141,7 +141,7 @@ async def execute(call: ToolCall, tools: dict[str, Callable], timeout_s: float) 
     try:
         if fn is None:
             raise KeyError(f"unknown tool {call.name!r}; available: {sorted(tools)}")
-        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
             result = await asyncio.wait_for(fn(**call.arguments), timeout_s)
         else:
             result = await asyncio.wait_for(asyncio.to_thread(fn, **call.arguments), timeout_s)

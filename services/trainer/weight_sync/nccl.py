@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import inspect
-import math
 import re
 import socket
 import time
@@ -78,10 +77,6 @@ def manifest(named: list[tuple[str, torch.Tensor]]) -> dict[str, list]:
     return {"names": [n for n, _ in named],
             "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in named],
             "shapes": [list(t.shape) for _, t in named]}
-
-
-def tensor_nbytes(shape: list[int], dtype_name: str) -> int:
-    return math.prod(shape) * torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
 
 
 def packed_chunks(nbytes: list[int], buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> list[list[int]]:

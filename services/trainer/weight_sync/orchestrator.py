@@ -37,7 +37,6 @@ log = get_logger("trainer.weight_sync")
 
 PhaseHook = Callable[[str, str], Awaitable[None]]
 PARTIAL_LABEL = "partial"
-PHASES = ("init", "pause", "start", "update", "reset_prefix_cache", "finish", "resume")
 LOAD_MODES = ("auto", "vllm", "direct")
 
 

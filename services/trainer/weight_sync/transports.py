@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import shutil
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,6 +140,3 @@ class SharedPathTransport:
     def close(self) -> None:
         pass
 
-
-def tensor_bytes(named: Iterable[tuple[str, torch.Tensor]]) -> int:
-    return sum(t.numel() * t.element_size() for _, t in named)

@@ -117,9 +117,8 @@ async def test_bearer_token_auth():
 
 def test_sigterm_stops_a_server_process_gracefully(tmp_path):
     script = tmp_path / "serve.py"
-    script.write_text(textwrap.dedent(f"""
-        import asyncio, sys
-        sys.path.insert(0, {str(os.path.dirname(__file__))!r})
+    script.write_text(textwrap.dedent("""
+        import asyncio
         from test_server_bootstrap import _server
         async def main():
             server = _server()
@@ -130,7 +129,9 @@ def test_sigterm_stops_a_server_process_gracefully(tmp_path):
             print("stopped", flush=True)
         asyncio.run(main())
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    path = [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         port = int(proc.stdout.readline())
         with grpc.insecure_channel(f"localhost:{port}") as ch:

@@ -15,14 +15,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "validate_deploy.sh"
-sys.path.insert(0, str(ROOT / "deploy" / "tools"))
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -20,15 +20,15 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 
-import mt_integration_tools as T
-from conftest import make_cfg, running_rollout, wait_for
+import mt_tools as T
+from rollout_helpers import make_cfg, running_rollout, wait_for
 from services.common.versions import label_to_version
 from services.rollout.multiturn.conversation import TurnLimits, run_conversation
 from services.rollout.multiturn.tools import load_tools, tool_schema
 from services.rollout.vllm_client import Completion, SamplingConfig, VLLMClient
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
-M = "mt_integration_tools"
+M = "mt_tools"
 
 
 @dataclass
@@ -120,7 +120,7 @@ async def test_fork_threshold_zero_forks_instead_of_realigning(client, tok):
 
 
 @pytest.mark.parametrize("tool,args,ok,expect", [
-    ("slow_double", {"x": 21}, True, "42"),                 # async tool
+    ("async_double", {"x": 21}, True, "42"),                 # async tool
     ("explode", {"x": 1}, False, "exploded on purpose"),    # raises
     ("stall", {"x": 1}, False, "timed out"),                # hangs past the per-call timeout
 ])

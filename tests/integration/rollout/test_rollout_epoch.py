@@ -17,7 +17,7 @@ import pytest
 
 from agrpo.v1 import common_pb2
 from agrpo.v1 import rollout_service_pb2_grpc as rollout_grpc
-from conftest import NUM_PROMPTS, make_cfg, running_rollout, wait_for
+from rollout_helpers import NUM_PROMPTS, make_cfg, running_rollout, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 G = 4

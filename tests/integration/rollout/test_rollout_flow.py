@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from conftest import NUM_PROMPTS, make_cfg, running_rollout, wait_for
+from rollout_helpers import NUM_PROMPTS, make_cfg, running_rollout, wait_for
 from fake_trainer import FakeTrainer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from conftest import make_cfg, running_rollout, wait_for, write_dataset
+from rollout_helpers import make_cfg, running_rollout, wait_for, write_dataset
 from fake_trainer import FakeTrainer
 from services.common.config import AgrpoConfig
 from vllm_server import free_port

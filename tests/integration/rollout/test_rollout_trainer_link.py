@@ -9,7 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conftest import make_cfg, running_rollout, wait_for, write_dataset
+from rollout_helpers import make_cfg, running_rollout, wait_for, write_dataset
 from fake_trainer import FakeTrainer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from agrpo.v1 import common_pb2
-from conftest import make_cfg, running_rollout, wait_for, write_dataset
+from rollout_helpers import make_cfg, running_rollout, wait_for, write_dataset
 from vllm_server import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]

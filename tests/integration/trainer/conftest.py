@@ -1,15 +1,9 @@
-"""Fixtures for trainer integration tests (helpers live in trainer_helpers.py)."""
+"""Fixtures for trainer integration tests (helpers live in tests/support/trainer_helpers.py)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from trainer_helpers import restore_server  # noqa: E402
+from trainer_helpers import restore_server
 
 
 @pytest.fixture

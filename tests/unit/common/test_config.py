@@ -12,13 +12,13 @@ import pytest
 from services.common.config import AgrpoConfig, ConfigError, load_config
 from services.common.config.compat import UNSUPPORTED_DEFAULTS
 
-SEED_DOC = Path(__file__).resolve().parents[4] / "shared" / "reference" / "seed-async-grpo.md"
+SIGNATURE = Path(__file__).resolve().parents[2] / "data" / "trl_async_grpo_config_signature.txt"
 
 
 def _seed_params() -> dict[str, str]:
-    """Parameter name -> default text, parsed from the seed's AsyncGRPOConfig signature."""
-    text = SEED_DOC.read_text()
-    sig = re.search(r"AsyncGRPOConfig\((output_dir.*?)\)\n```", text, re.S).group(1)
+    """Parameter name -> default text, parsed from TRL's AsyncGRPOConfig signature."""
+    text = SIGNATURE.read_text()
+    sig = re.search(r"AsyncGRPOConfig\((output_dir.*?)\)\n", text, re.S).group(1)
     parts, depth, cur = [], 0, ""
     for ch in sig:
         depth += ch in "[(<{"
@@ -32,7 +32,6 @@ def _seed_params() -> dict[str, str]:
     return {m.group(1): m.group(2) for m in (re.match(r"(\w+): .* = (.*)$", p) for p in parts)}
 
 
-@pytest.mark.skipif(not SEED_DOC.exists(), reason="shared/ reference not beside the checkout")
 def test_every_seed_parameter_exists_with_its_default():
     params = _seed_params()
     assert len(params) > 130

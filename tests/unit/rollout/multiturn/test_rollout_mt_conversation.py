@@ -1,14 +1,10 @@
 """The conversation driver with the tiny model's real tokenizer and a scripted generator."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # mt_tools
 import json
 
+import mt_tools
 import pytest
 
-import mt_tools  # noqa: E402
 from services.rollout.multiturn.conversation import TurnLimits, run_conversation
 from services.rollout.multiturn.tools import load_tools, tool_schema
 from services.rollout.vllm_client import Completion
@@ -51,7 +47,7 @@ async def run(tok, texts, tools=("mt_tools:lookup",), versions=("1",), **kw):
 
 
 async def test_tool_turn_then_answer_is_one_clean_row(tok):
-    mt_tools.CONTROLLED["value"] = "SECRET"
+    mt_tools.TABLE["x"] = "SECRET"
     res, calls = await run(tok, [CALL, "The answer is 42."], versions=("1", "2"))
     assert res.turns == 2 and res.tool_calls == 1 and res.tool_failures == 0
     assert res.messages[1] == {"role": "tool", "name": "lookup", "content": "x=SECRET"}
@@ -85,14 +81,15 @@ async def test_max_iters_zero_leaves_the_call_unexecuted(tok):
 
 
 async def test_failures_and_async_tools(tok):
-    calls_text = ('<tool_call>{"name": "boom", "arguments": {"x": 1}}</tool_call>'
-                  '<tool_call>{"name": "hang", "arguments": {"x": 1}}</tool_call>'
+    calls_text = ('<tool_call>{"name": "explode", "arguments": {"x": 1}}</tool_call>'
+                  '<tool_call>{"name": "stall", "arguments": {"x": 1}}</tool_call>'
                   '<tool_call>{"name": "async_double", "arguments": {"x": 21}}</tool_call>')
     res, _ = await run(tok, [calls_text, "done"], tool_timeout_s=0.3,
-                       tools=("mt_tools:boom", "mt_tools:hang", "mt_tools:async_double"))
+                       tools=("mt_tools:explode", "mt_tools:stall", "mt_tools:async_double"))
     assert res.tool_calls == 3 and res.tool_failures == 2
     contents = [m["content"] for m in res.messages if m["role"] == "tool"]
-    assert "boom" in json.loads(contents[0])["error"] and "timed out" in json.loads(contents[1])["error"]
+    assert "exploded on purpose" in json.loads(contents[0])["error"]
+    assert "timed out" in json.loads(contents[1])["error"]
     assert contents[2] == "42"
 
 

@@ -1,11 +1,6 @@
 """The engine's multi-turn path with a scripted balancer, the tiny tokenizer and fakes
 for scorer and sender: env reward merged into the total, tool metrics, rows -> samples."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # mt_tools
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rollout_fakes
 import asyncio
 
 import pytest

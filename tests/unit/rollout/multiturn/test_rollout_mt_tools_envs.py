@@ -1,15 +1,11 @@
 """Tools: loading, schema, parsing, execution (sync, async, raising, hanging);
 environments: probing, pooling, per-row choice, reset text, rewards."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # mt_tools
 import json
 
+import mt_tools
 import pytest
 
-import mt_tools  # noqa: E402
 from services.rollout.multiturn import environments as envs
 from services.rollout.multiturn.tools import (ToolCall, execute, load_callable, load_tools,
                                               parse_tool_text)
@@ -40,15 +36,15 @@ def test_parse_tool_calls():
 
 
 async def test_execute_sync_async_raise_hang_unknown():
-    tools = load_tools(["mt_tools:lookup", "mt_tools:async_double", "mt_tools:boom", "mt_tools:hang"])
-    mt_tools.CONTROLLED["value"] = "7"
+    tools = load_tools(["mt_tools:lookup", "mt_tools:async_double", "mt_tools:explode", "mt_tools:stall"])
+    mt_tools.TABLE["k"] = "7"
     r = await execute(ToolCall("lookup", {"key": "k"}), tools, 5)
     assert r.ok and r.content == "k=7"
     r = await execute(ToolCall("async_double", {"x": 4}), tools, 5)
     assert r.ok and r.content == "8"
-    r = await execute(ToolCall("boom", {"x": 1}), tools, 5)
-    assert not r.ok and "boom" in json.loads(r.content)["error"]
-    r = await execute(ToolCall("hang", {"x": 1}), tools, 0.2)
+    r = await execute(ToolCall("explode", {"x": 1}), tools, 5)
+    assert not r.ok and "exploded on purpose" in json.loads(r.content)["error"]
+    r = await execute(ToolCall("stall", {"x": 1}), tools, 0.2)
     assert not r.ok and "timed out" in json.loads(r.content)["error"]
     r = await execute(ToolCall("nope", {}), tools, 1)
     assert not r.ok and "unknown tool" in r.content
@@ -60,7 +56,7 @@ async def test_environments_single_and_dict():
     e = envs.Environments(mt_tools.CounterEnv)
     spec = e.spec_for({})
     assert spec.tool_names == ["increment"] and spec.has_reward and spec.class_name == "CounterEnv"
-    assert e.reward_names == ["CounterEnv"]
+    assert [s.class_name for s in e.specs.values() if s.has_reward] == ["CounterEnv"]
     a = e.acquire(spec)           # the probed instance is reused
     b = e.acquire(spec)           # a second one is created
     assert a is not b and spec.created == 2

@@ -1,9 +1,10 @@
-"""Tools and environments for the multi-turn integration tests (`mt_integration_tools:...`)."""
+"""Tools and environments of the multi-turn tests (unit and integration), as `mt_tools:...`."""
 
 import asyncio
 import time
 
 TABLE = {"x": "unset"}
+"""What `lookup` answers; tests set the values they expect to see."""
 
 
 def lookup(key: str) -> str:
@@ -15,7 +16,7 @@ def lookup(key: str) -> str:
     return f"{key}={TABLE.get(key, 'missing')}"
 
 
-async def slow_double(x: int) -> int:
+async def async_double(x: int) -> int:
     """Double a number (async).
 
     Args:
@@ -35,13 +36,53 @@ def explode(x: int) -> int:
 
 
 def stall(x: int) -> int:
-    """Never return in time.
+    """Never return in time (sleeps longer than the tests' tool timeouts).
 
     Args:
         x: Ignored.
     """
-    time.sleep(5)
+    time.sleep(3)
     return x
+
+
+class CounterEnv:
+    """Counts increments; rewarded by the count."""
+
+    def __init__(self):
+        self.count = 0
+        self.resets = 0
+
+    def reset(self, **row):
+        self.count = 0
+        self.resets += 1
+        return f" (start at {row.get('start', 0)})"
+
+    def increment(self, by: int) -> str:
+        """Add to the counter.
+
+        Args:
+            by: Amount to add.
+        """
+        self.count += by
+        return str(self.count)
+
+    async def get_reward(self) -> float:
+        return float(self.count)
+
+
+class EchoEnv:
+    """No reward; one tool."""
+
+    def reset(self, **row):
+        return None
+
+    def echo(self, text: str) -> str:
+        """Echo text back.
+
+        Args:
+            text: What to echo.
+        """
+        return text
 
 
 class ScoreEnv:

@@ -1,7 +1,7 @@
 """User reward functions for the reward-service tests, written as a TRL user would.
 
 Loaded by the server's worker processes as `reward_user_funcs:<name>` (this folder is
-put on sys.path by the conftest, or PYTHONPATH for the subprocess server).
+on sys.path through pytest's `pythonpath`, or PYTHONPATH for the subprocess server).
 """
 
 from __future__ import annotations
