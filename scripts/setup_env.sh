@@ -57,11 +57,11 @@ setup_proj() {
   log "${v#"$ROOT"/}: pip install $TORCH_PIN"
   pip_q "$v/bin/pip" install -q "$TORCH_PIN"
   if [[ ! -f pyproject.toml ]]; then
-    log "${v#"$ROOT"/}: WARNING pyproject.toml missing, skipped 'pip install -e .[dev]' (not stamped)"; return
+    log "${v#"$ROOT"/}: WARNING pyproject.toml missing, skipped 'pip install -e .[all,dev]' (not stamped)"; return
   fi
-  log "${v#"$ROOT"/}: pip install -e '.[dev]'"
+  log "${v#"$ROOT"/}: pip install -e '.[all,dev]'"
   # Keep the torch pin while resolving the project, so nothing can upgrade it.
-  pip_q "$v/bin/pip" install -q -e '.[dev]' "$TORCH_PIN"
+  pip_q "$v/bin/pip" install -q -e '.[all,dev]' "$TORCH_PIN"
   echo "$h" > "$v/.agrpo-stamp"
   log "${v#"$ROOT"/} ready in $((SECONDS - t0)) s"
 }

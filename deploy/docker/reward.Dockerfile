@@ -10,7 +10,9 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 # Dependencies before sources, so code edits keep this layer cached.
 COPY pyproject.toml README.md /src/
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/src/pyproject.toml','rb'))['project']['dependencies']))" \
+# The common dependencies plus this service's extra ([project.optional-dependencies] reward).
+RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml','rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['reward']))" \
         > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt
 COPY services /src/services

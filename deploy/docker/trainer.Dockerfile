@@ -18,7 +18,9 @@ ENV PATH=/opt/venv/bin:$PATH
 RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 # Dependencies before sources, so code edits keep this layer cached.
 COPY pyproject.toml README.md /src/
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/src/pyproject.toml','rb'))['project']['dependencies']))" \
+# The common dependencies plus this service's extra ([project.optional-dependencies] trainer).
+RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml','rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['trainer']))" \
         > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt "${TORCH_SPEC}" --extra-index-url "${TORCH_INDEX_URL}"
 COPY services /src/services
