@@ -149,6 +149,9 @@ class RolloutApp:
             m.buffered.set(self.sender.held)
             m.groups_inflight.set(len(self.engine.generating) + self.engine.scoring_groups)
             m.trainer_silent.set(self.liveness.silent_s)
+            idle = self.engine.idle
+            m.generation_idle.set(idle.idle_s / idle.total_s if idle.total_s else 0.0)
+            m.credits.set(self.engine.credits_available)
             if tick % 5 == 0:
                 for s in self.balancer.servers:
                     if s.up:
@@ -193,6 +196,10 @@ class RolloutApp:
         if self.engine:
             self.engine.on_version(version)
 
+    def on_credits(self) -> None:
+        if self.engine:
+            self.engine.wake()
+
     def on_heard(self) -> None:
         self.liveness.heard()
 
@@ -216,7 +223,9 @@ class RolloutApp:
                 "groups_in_flight": len(e.generating) + e.scoring_groups, "samples_buffered": s.held,
                 "samples_sent": s.sent, "samples_acked": s.acked, "drops": dict(e.drops),
                 "policy_version": e.version, "trainer_connected": s.connected,
-                "trainer_silent_s": self.liveness.silent_s, "servers": self.balancer.snapshot()}
+                "trainer_silent_s": self.liveness.silent_s, "servers": self.balancer.snapshot(),
+                "samples_generated": e.samples_generated, "generation_idle_s": e.idle.idle_s,
+                "generation_s": e.idle.total_s}
 
 
 async def _ignore_state(stale: bool) -> None:

@@ -1,8 +1,10 @@
 """The rollout loop: keep vLLM busy, score groups, tag versions, hand samples to the sender.
 
 - Issue: a group of `num_generations` requests starts when that many of the
-  `max_inflight_tasks` slots are free and the held samples (generating, scoring
-  and buffered for the trainer) stay within `queue_maxsize`.
+  `max_inflight_tasks` slots are free and the trainer's credits cover it: every
+  sample generating, scoring or waiting to be sent holds a credit, so generation
+  runs at most max_staleness versions ahead of training (the pacing rule,
+  services/trainer/pacing.py and docs/architecture.md).
 - Generate: a strategy runs the group (single_turn.py: G completions;
   multiturn/runner.py: G conversations with tools or environments) through the
   balancer; a request that fails on every retry re-issues its group. A policy bump that makes an in-flight group
@@ -23,6 +25,7 @@ import uuid
 from collections import Counter
 
 from services.common.logging import get_logger
+from services.common.metrics import IdleClock
 from services.common.versions import is_stale
 
 from .balancer import GenerationFailed
@@ -69,6 +72,8 @@ class Engine:
         self.scoring_groups = 0
         self.score_queue: asyncio.Queue[Group] = asyncio.Queue()
         self.drops: Counter = Counter()  # groups dropped (their prompt re-issued), by reason
+        self.samples_generated = 0
+        self.idle = IdleClock()  # no request in flight: vLLM has nothing of ours to do
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._tok_window: list[tuple[float, int]] = []
@@ -80,10 +85,14 @@ class Engine:
     def pipeline_samples(self) -> int:
         return (len(self.generating) + self.scoring_groups) * self.G
 
+    @property
+    def credits_available(self) -> int:
+        """Trainer credits not committed to a group generating, scoring or waiting to be sent."""
+        return self.sender.credits - self.sender.unsent_count - self.pipeline_samples
+
     def _has_capacity(self) -> bool:
         slots = self.inflight_requests + self.G <= max(self.max_inflight, self.G)
-        held = self.sender.held + self.pipeline_samples + self.G <= max(self.cfg.queue_maxsize, self.G)
-        return slots and held
+        return slots and self.credits_available >= self.G
 
     def wake(self) -> None:
         self._wake.set()
@@ -120,6 +129,8 @@ class Engine:
         gid = f"{key[1]}-{key[0]}-{uuid.uuid4().hex[:8]}"
         group = Group(key, gid, self.version, slots=self.G)
         self.inflight_requests += self.G  # reserved now, released as each request ends
+        self.idle.start(busy=True)
+        self.idle.busy(True)
         self.generating[gid] = group
         self.metrics.prompts_issued.inc()
         group.task = asyncio.create_task(self._generate_group(group))
@@ -139,6 +150,8 @@ class Engine:
             self._release(group, group.slots)
         group.version = self.strategy.tag(group)
         group.generated_at = time.monotonic()
+        self.samples_generated += len(group.completions)
+        self.metrics.samples_generated.inc(len(group.completions))
         if is_stale(self.version, group.version, self.cfg.max_staleness):
             self._drop(group, "stale_generated")
             return
@@ -150,6 +163,7 @@ class Engine:
         n = min(n, group.slots)
         group.slots -= n
         self.inflight_requests -= n
+        self.idle.busy(self.inflight_requests > 0)
         self.metrics.inflight.set(self.inflight_requests)
         if n:
             self.wake()

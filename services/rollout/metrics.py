@@ -34,3 +34,7 @@ class RolloutMetrics:
         self.skipped = m.gauge("skipped_prompts", "Dataset prompts skipped as too long")
         self.policy_version = m.gauge("policy_version", "Trainer policy version rollout knows")
         self.trainer_silent = m.gauge("trainer_silent_seconds", "Seconds since the trainer was heard")
+        self.samples_generated = m.counter("samples_generated", "Completions (conversations) generated to the end")
+        self.generation_idle = m.gauge("generation_idle_fraction",
+                                       "Share of the time since generation started with no request in flight")
+        self.credits = m.gauge("credits_available", "Trainer credits not yet committed to a dispatched group")

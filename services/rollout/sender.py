@@ -52,7 +52,8 @@ class Sender:
         self.max_staleness = max_staleness
         self.heartbeat_s = heartbeat_s
         self.reconnect_s = reconnect_s
-        self.hooks = hooks  # the RolloutApp: on_resume, on_group_done, on_version, on_heard, on_sent, version, heartbeat
+        self.hooks = hooks  # the RolloutApp: on_resume, on_group_done, on_version, on_credits, on_heard, on_sent,
+        # version, heartbeat
         self.samples: OrderedDict[str, common_pb2.RolloutSample] = OrderedDict()
         self.groups: dict[str, _Group] = {}
         self.unsent: deque[str] = deque()
@@ -67,6 +68,11 @@ class Sender:
     def held(self) -> int:
         """Samples produced and not yet final (unsent or awaiting TRAINED)."""
         return len(self.samples)
+
+    @property
+    def unsent_count(self) -> int:
+        """Samples produced and not sent yet: each still needs a credit."""
+        return sum(1 for sid in self.unsent if sid in self.samples)
 
     def add_group(self, key: tuple[int, int], version: int, samples: list) -> None:
         """Queue a scored group for sending."""
@@ -197,6 +203,7 @@ class Sender:
             self._on_ack(ack)
         if resp.credits:
             self._wake.set()
+            self.hooks.on_credits()
         if resp.done:
             log.info("trainer says training is done")
             self.done.set()

@@ -19,19 +19,19 @@ from .buffer import SampleBuffer
 from .intake import Intake
 from .ledger import Ledger
 from .metrics import TrainerMetrics
+from .pacing import Pace
 from .policy import PolicyBoard
 from .state import TrainState
 
 log = get_logger("trainer.app")
 
 
-def credit_window(cfg: AgrpoConfig) -> int:
-    """Samples the trainer lets rollout buffer ahead: trainer.credit_window, or by default
-    what max_staleness + 1 steps consume (more would only go stale), capped by queue_maxsize."""
-    if cfg.trainer.credit_window:
-        return min(cfg.trainer.credit_window, cfg.queue_maxsize)
-    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-    return min(cfg.queue_maxsize, per_step * (cfg.max_staleness + 1))
+def build_pace(cfg: AgrpoConfig) -> Pace:
+    """The pacing window from the config (services/trainer/pacing.py)."""
+    per_version = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.weight_sync_steps
+    return Pace(max_staleness=cfg.max_staleness, nominal_per_version=per_version, capacity=cfg.queue_maxsize,
+                group_size=cfg.num_generations, sync=cfg.trainer.schedule == "sync",
+                fixed_window=cfg.trainer.credit_window)
 
 
 class TrainerApp:
@@ -45,8 +45,8 @@ class TrainerApp:
         self.buffer = SampleBuffer(cfg.queue_maxsize)
         self.board = PolicyBoard()
         self.metrics = TrainerMetrics()
-        self.intake = Intake(self.buffer, self.state.ledger, self._max_tokens, self.metrics.on_intake,
-                             window=credit_window(cfg))
+        self.intake = Intake(self.buffer, self.state.ledger, build_pace(cfg), self._max_tokens,
+                             self.metrics.on_intake)
         self.loop = None  # TrainerLoop, once boot() has loaded the model
         self.ready = False
 
@@ -99,4 +99,7 @@ class TrainerApp:
                 "samples_received": self.intake.stats.received, "samples_trained": len(ledger.trained_ids),
                 "samples_dropped": drops, "buffered_samples": len(self.buffer),
                 "buffer_capacity": self.buffer.capacity,
-                "target_steps": self.cfg.max_steps if self.cfg.max_steps > 0 else 0}
+                "target_steps": self.cfg.max_steps if self.cfg.max_steps > 0 else 0,
+                "idle_s": self.loop.idle.idle_s if self.loop else 0.0,
+                "busy_s": self.loop.idle.total_s - self.loop.idle.idle_s if self.loop else 0.0,
+                "pacing_window": self.intake.pace.window}

@@ -1,14 +1,17 @@
 """The bounded sample buffer between PushSamples and the training loop.
 
-Holds at most `capacity` samples (queue_maxsize), in arrival order (the intake knows
-which ids are pending, so a re-send is recognised there). Staleness is judged at
-consumption (`pop_fresh`), against the trainer's version at that moment, as TRL does.
+Holds at most `capacity` samples (queue_maxsize; the intake knows which ids are
+pending, so a re-send is recognised there). Samples leave oldest policy version first,
+in arrival order within a version: a group that finished late is the one closest to
+the staleness bound, so it trains first (TRL's queue is plain FIFO). Staleness is judged
+at consumption (`pop_fresh`), against the trainer's version at that moment, as TRL does.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+import heapq
+import itertools
 
 from services.common.versions import is_stale
 
@@ -16,11 +19,12 @@ from .sample import Sample
 
 
 class SampleBuffer:
-    """FIFO of samples with an event for waiters (event-loop only)."""
+    """Samples by (policy version, arrival), with an event for waiters (event-loop only)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._queue: deque[Sample] = deque()
+        self._queue: list[tuple[int, int, Sample]] = []
+        self._arrival = itertools.count()
         self._nonempty = asyncio.Event()
 
     def __len__(self) -> int:
@@ -34,13 +38,13 @@ class SampleBuffer:
         """Append; the caller checked duplicates and credit (so there is room)."""
         if len(self._queue) >= self.capacity:
             raise OverflowError("sample buffer full: producer sent without credit")
-        self._queue.append(sample)
+        heapq.heappush(self._queue, (sample.policy_version, next(self._arrival), sample))
         self._nonempty.set()
 
     def pop(self) -> Sample | None:
         if not self._queue:
             return None
-        sample = self._queue.popleft()
+        _, _, sample = heapq.heappop(self._queue)
         if not self._queue:
             self._nonempty.clear()
         return sample

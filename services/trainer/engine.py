@@ -88,6 +88,8 @@ class EngineConfig:
     vocab_chunk: int = 32768
     autocast: torch.dtype | None = None
     router_aux_loss_coef: float | None = None  # None: the model config's coefficient
+    fp32_head: bool = False
+    """Project the final hidden states with an fp32 LM head (cast_lm_head_to_fp32)."""
 
 
 class Engine:
@@ -113,6 +115,7 @@ class Engine:
         if self.aux_coef is None:
             self.aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0
         self.last_aux: torch.Tensor | None = None
+        self.version: int | None = None  # set by train_step, for per-staleness diagnostics
 
     def _autocast(self):
         if self.cfg.autocast is None:
@@ -165,8 +168,11 @@ class Engine:
             hidden = self.row_hidden(row, tree)
         head = self.model.get_output_embeddings()
         labels = torch.tensor(row.labels, device=self.device)
-        return chunked_logprobs(hidden, head.weight, labels, self.cfg.loss.temperature,
-                                self.cfg.vocab_chunk, getattr(head, "bias", None))
+        weight, bias = head.weight, getattr(head, "bias", None)
+        if self.cfg.fp32_head:  # logits in fp32 (GRPOConfig's cast_lm_head_to_fp32): less mismatch
+            hidden, weight = hidden.float(), weight.float()
+            bias = None if bias is None else bias.float()
+        return chunked_logprobs(hidden, weight, labels, self.cfg.loss.temperature, self.cfg.vocab_chunk, bias)
 
     def row_loss(self, row: PackedRow, global_terms: int, world: int, grad_accum: int = 1,
                  rows_per_rank: float | None = None):
@@ -185,14 +191,21 @@ class Engine:
         dev = self.device
         old = torch.tensor(row.old_logprobs, device=dev, dtype=torch.float32)
         adv = torch.tensor(row.advantages, device=dev, dtype=torch.float32)
-        per, _ = per_term_loss(logp, old, adv, self.cfg.loss)
+        segment = torch.tensor(row.segment_id, device=dev)
+        per, _ = per_term_loss(logp, old, adv, self.cfg.loss, segment)
         loss = normalised_loss(per, global_terms, world, grad_accum) / rows_per_rank
-        stats = policy_stats(logp.detach(), old, adv, entropy,
-                             torch.tensor(row.segment_id, device=dev), self.cfg.loss)
+        stats = policy_stats(logp.detach(), old, adv, entropy, segment, self.cfg.loss, self._staleness(row))
         if self.last_aux is not None and self.aux_coef:
             loss = loss + self.aux_coef * self.last_aux / grad_accum / rows_per_rank
             stats["aux_loss"] = (float(self.last_aux.detach()), 1.0)
         return loss, stats
+
+    def _staleness(self, row: PackedRow) -> torch.Tensor | None:
+        """Per term: the trainer's version minus its sample's version (None when unknown)."""
+        if self.version is None or not row.samples:
+            return None
+        per_sample = torch.tensor([self.version - s.policy_version for s in row.samples], device=self.device)
+        return per_sample[torch.tensor(row.segment_id, device=self.device, dtype=torch.long)]
 
     def my_rows(self, mb: MicroBatch) -> list[PackedRow]:
         """This process's rows of a micro-batch (all of them single process)."""
@@ -202,8 +215,10 @@ class Engine:
             raise ValueError(f"a micro-batch of {len(mb.rows)} rows cannot be split over {self.world} ranks")
         return mb.rows[self.rank::self.world]
 
-    def train_step(self, batches: list[MicroBatch]) -> dict[str, float]:
-        """Forward/backward every micro-batch, clip, step optimizer and scheduler."""
+    def train_step(self, batches: list[MicroBatch], version: int | None = None) -> dict[str, float]:
+        """Forward/backward every micro-batch, clip, step optimizer and scheduler. `version`
+        (the trainer's policy version) adds the mismatch by staleness to the diagnostics."""
+        self.version = version
         t0 = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -283,7 +298,7 @@ def _merge(acc: dict, stats: dict) -> None:
         if isinstance(v, tuple):
             num, den = acc.get(k, (0.0, 0.0))
             acc[k] = (num + v[0], den + v[1])
-        elif k.endswith("_min"):
+        elif k.endswith(("_min", "/min")):
             acc[k] = min(acc.get(k, v), v)
         else:
             acc[k] = max(acc.get(k, v), v)

@@ -1,8 +1,11 @@
 """PushSamples domain logic: producers, credits, dedupe and acknowledgement routing.
 
-Credits: the buffer holds `capacity` samples; a producer may send only as many
-samples as it holds credits. Free slots = capacity - buffered - credits outstanding,
-and free slots are granted as the loop consumes samples. A duplicate or rejected
+Credits pace generation (services/trainer/pacing.py): a producer holds a credit for
+every sample it dispatches, generates or holds, and sends one sample per credit. The
+room the Pace allows (what max_staleness + 1 versions consume, less what is
+outstanding, buffered or consumed at this version) is granted as credits, spread over
+the open streams; it opens when a version is published and when a sample leaves
+without training. A duplicate or rejected
 sample returns its credit at once; so does a re-send of a sample still waiting to be
 trained, which is acked ACCEPTED again (not DUPLICATE: it is not final yet, and the
 producer must keep it until TRAINED). DUPLICATE means "already trained". Acks go to the producer's *current* stream (by
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 
 from .buffer import SampleBuffer
 from .ledger import Ledger
+from .pacing import Pace
 from .sample import Ack, Outcome, Sample
 
 ALREADY_PENDING = "already buffered; TRAINED follows"
@@ -58,14 +62,11 @@ class ProducerStream:
 class Intake:
     """Admits samples into the buffer and routes acks and credits (event-loop only)."""
 
-    def __init__(self, buffer: SampleBuffer, ledger: Ledger,
+    def __init__(self, buffer: SampleBuffer, ledger: Ledger, pace: Pace | None = None,
                  max_tokens: Callable[[], int | None] = lambda: None,
-                 on_event: Callable[[str, Sample | None], None] = lambda kind, s: None,
-                 window: int | None = None) -> None:
+                 on_event: Callable[[str, Sample | None], None] = lambda kind, s: None) -> None:
         self.buffer, self.ledger = buffer, ledger
-        # Credits stop at `window` buffered samples (<= capacity): what the loop can
-        # train before it goes stale, so rollout does not generate work to drop.
-        self.window = min(window or buffer.capacity, buffer.capacity)
+        self.pace = pace or Pace(max_staleness=0, nominal_per_version=buffer.capacity, capacity=buffer.capacity)
         self.max_tokens = max_tokens
         self.on_event = on_event  # metrics hook: ("received"|"duplicate"|"rejected"|..., sample)
         self.stats = IntakeStats()
@@ -93,8 +94,13 @@ class Intake:
         self.regrant()
 
     def _free(self) -> int:
-        room = min(self.buffer.free, self.window - len(self.buffer))
-        return max(0, room - sum(s.outstanding for s in self.streams.values()))
+        outstanding = sum(s.outstanding for s in self.streams.values())
+        return min(self.pace.room(len(self.buffer), outstanding), max(0, self.buffer.free - outstanding))
+
+    def version_published(self, trained: int, carried: int) -> None:
+        """A new version is out: the next generation's room opens (see Pace.published)."""
+        self.pace.published(trained, carried)
+        self.regrant()
 
     def receive(self, stream: ProducerStream, sample: Sample) -> Outcome:
         """Admit one sample: ACCEPTED, DUPLICATE (credit back) or REJECTED (credit back)."""

@@ -5,7 +5,9 @@ checkpoints) run in a worker thread so PushSamples, WatchPolicy and health stay
 responsive. One optimizer step consumes `gradient_accumulation_steps` micro-batches
 from the planner; a micro-batch also closes when no sample arrived for
 `trainer.idle_flush_s` (the tail of an epoch, or a slow producer), and a step may
-then have fewer micro-batches (the loss is averaged over those it has).
+then have fewer micro-batches (the loss is averaged over those it has). Under
+`trainer.schedule: sync` a step is exactly what was generated for it (pacing.py).
+Generation credits for the next version open only once a version is published.
 
 Stops at `max_steps` (> 0) or once ceil(num_train_epochs x prompts_per_epoch)
 distinct prompt keys are trained; then checkpoints (save_strategy="steps") and
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from services.common.config import AgrpoConfig
 from services.common.logging import get_logger
+from services.common.metrics import IdleClock
 from services.common.versions import is_stale
 
 from . import checkpoint
@@ -65,6 +68,10 @@ class TrainerLoop:
         self.ledger = state.ledger
         self.audit = TrainedSampleLog(Path(cfg.resolved_output_dir) / "trained_samples.jsonl")
         self.num_params = sum(p.numel() for p in engine.model.parameters())
+        self.pace = intake.pace
+        self.trained_at_version = 0  # samples trained since the last published version
+        self.idle = IdleClock()  # waiting for samples vs training, syncing, logging
+        self._clock_seen = (0.0, 0.0)
         self.max_model_len: int | None = None
         self.batcher = None
         self.drops: Counter = Counter()  # samples not trained, by reason (stale, oversize, duplicate_prompt)
@@ -86,6 +93,7 @@ class TrainerLoop:
                                     self.cfg.trainer.max_samples_per_micro_batch)
 
     def _on_oversize(self, sample: Sample, reason: str) -> None:
+        self.pace.release(1)
         self._count_drop("oversize")
         self.intake.settle([sample], Outcome.REJECTED, reason)
         log.warning("dropped sample %s: %s", sample.sample_id, reason)
@@ -147,6 +155,9 @@ class TrainerLoop:
         if late:
             self.ledger.release(late)
             self._drop_stale(late)
+        # Only now does the next generation's room open: it is generated at this version.
+        self.intake.version_published(self.trained_at_version, self.batcher.num_samples)
+        self.trained_at_version = 0
 
     async def reconcile(self) -> None:
         """Re-sync servers that restarted or missed a version."""
@@ -173,6 +184,7 @@ class TrainerLoop:
 
     async def run(self) -> None:
         """Train until done or stopped."""
+        self.idle.start(busy=True)
         try:
             while not self.done() and not self._stop.is_set():
                 step_in = await self.pull_batch()
@@ -195,29 +207,21 @@ class TrainerLoop:
         self.intake.finish()
 
     async def pull_batch(self) -> StepInput | None:
-        """Gather GA micro-batches of fresh samples; stale ones are dropped and acked."""
+        """Gather one step of fresh samples: GA micro-batches (async), or everything that was
+        generated for the step (sync schedule). Stale ones are dropped and acked."""
         out = StepInput([])
-        ga = self.cfg.gradient_accumulation_steps
         last_check = time.monotonic()
-        while len(out.batches) < ga:
+        while not self._step_full(out):
             if self._stop.is_set():
                 return None
-            sample, stale = self.buffer.pop_fresh(self.state.version, self.cfg.max_staleness)
-            if stale:
-                self._drop_stale(stale)
-                out.stale += stale
-            if sample is not None and not self.ledger.claim(sample):
-                self._drop_other_group(sample)
-                continue
-            if sample is not None:
-                self.intake.regrant()
-                self.metrics.staleness.observe(self.state.version - sample.policy_version)
-                out.batches += self.batcher.add(sample)
+            if self._take_one(out):
                 continue
             t = time.monotonic()
             open_samples = self.batcher.num_samples
             timeout = self.cfg.trainer.idle_flush_s if (open_samples or out.batches) else 1.0
+            self.idle.busy(False)
             got = await self.buffer.wait_nonempty(timeout)
+            self.idle.busy(True)
             out.wait_s += time.monotonic() - t
             if got:
                 continue
@@ -230,7 +234,32 @@ class TrainerLoop:
             if time.monotonic() - last_check > self.cfg.trainer.reconcile_interval_s:
                 await self.reconcile()
                 last_check = time.monotonic()
+        if self.pace.sync:  # the step trains exactly the samples generated for it
+            last = self.batcher.flush()
+            if last is not None:
+                out.batches.append(last)
         return out
+
+    def _step_full(self, out: StepInput) -> bool:
+        if self.pace.sync:
+            return self.pace.step_complete()
+        return len(out.batches) >= self.cfg.gradient_accumulation_steps
+
+    def _take_one(self, out: StepInput) -> bool:
+        """Move the next fresh sample into a micro-batch; False when the buffer is empty."""
+        sample, stale = self.buffer.pop_fresh(self.state.version, self.cfg.max_staleness)
+        if stale:
+            self._drop_stale(stale)
+            out.stale += stale
+        if sample is None:
+            return False
+        if not self.ledger.claim(sample):
+            self._drop_other_group(sample)
+            return True
+        self.pace.consume()
+        self.metrics.staleness.observe(self.state.version - sample.policy_version)
+        out.batches += self.batcher.add(sample)
+        return True
 
     def _drop_other_group(self, sample: Sample) -> None:
         """A re-issued prompt whose first group is already (being) trained: refuse it."""
@@ -249,10 +278,11 @@ class TrainerLoop:
     async def train_step(self, step_in: StepInput) -> dict:
         """One optimizer step in a worker thread, then ledger, acks and counters."""
         t0 = time.perf_counter()
-        stats = await asyncio.to_thread(self.engine.train_step, step_in.batches)
+        stats = await asyncio.to_thread(self.engine.train_step, step_in.batches, self.state.version)
         stats["perf/step_s"] = time.perf_counter() - t0
         samples = [s for mb in step_in.batches for s in mb.samples]
         self.ledger.record(samples)
+        self.trained_at_version += len(samples)
         step_in.trained_version = self.state.version
         self.state.step += 1
         self.audit.write(self.state.step, self.state.version, samples)
@@ -270,6 +300,12 @@ class TrainerLoop:
         self.metrics.tokens_per_s.set(metrics.get("perf/tokens_per_s", 0.0))
         self.metrics.idle.set(metrics.get("perf/idle_fraction", 0.0))
         self.metrics.buffered.set(len(self.buffer))
+        self.metrics.pacing_window.set(self.pace.window)
+        idle, total = self.idle.idle_s, self.idle.total_s
+        seen_idle, seen_total = self._clock_seen
+        self.metrics.idle_seconds.inc(max(0.0, idle - seen_idle))
+        self.metrics.busy_seconds.inc(max(0.0, (total - idle) - (seen_total - seen_idle)))
+        self._clock_seen = (idle, total)
         self.step_log.log(self.state.step, metrics, force=self.state.step == 1 and self.cfg.logging_first_step)
         if self.cfg.log_completions:
             self._print_completions(step_in)

@@ -6,10 +6,18 @@ Per loss term t (a trained position of one sample):
     l_t = -min(r_t * A, clamp(r_t, 1 - eps, 1 + eps_high) * A)
     loss = sum_t l_t / max(global_terms / world, 1) / grad_accum
 
-With the optional truncated importance-sampling correction (`tis_cap`), the surrogate is
-taken against the trainer's own (detached) logprob and weighted by
-w_t = min(exp(logp_t.detach() - old_t), tis_cap), which corrects the trainer/vLLM
-mismatch instead of clipping it away. Off by default, as in TRL.
+With importance-sampling correction (GRPOConfig's `vllm_importance_sampling_*`, or
+`tis_cap`), the surrogate is taken against the trainer's own logprob at step start
+(the proximal policy: logp_t.detach(), since a batch gets one optimizer step) and each
+term is weighted by w = rho = exp(logp.detach() - old) per token, or per sequence
+(exp of the sum over the sample's terms):
+
+    *_truncate: w = clamp(rho, clip_min, clip_max)
+    *_mask:     w = rho where clip_min <= rho <= clip_max, else 0 (no gradient)
+
+So a stale or mismatched sample is corrected by w instead of being clipped away by the
+PPO range around vLLM's logprobs. Without correction (TRL AsyncGRPO's loss) w = 1 and
+the clip range is around vLLM's behaviour logprobs.
 
 Log-probabilities are computed only at labelled positions and in vocabulary chunks
 (online logsumexp of logits / T, each chunk recomputed in backward), so memory stays
@@ -18,6 +26,7 @@ O(terms x chunk) instead of O(tokens x vocab).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -74,25 +83,52 @@ def _entropy(hidden, weight, bias, lse, temperature, chunk_size) -> torch.Tensor
     return lse - expected
 
 
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
 @dataclass
 class LossConfig:
-    """Clip ranges, temperature and the optional TIS cap."""
+    """Clip ranges, temperature and the importance-sampling correction (None: off)."""
 
     epsilon: float = 0.2
     epsilon_high: float = 0.2
     temperature: float = 1.0
     tis_cap: float | None = None
+    """Shorthand for is_mode="token_truncate" with is_max=tis_cap."""
+    is_mode: str | None = None
+    is_min: float | None = None
+    is_max: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.tis_cap is not None and self.is_mode is None:
+            self.is_mode, self.is_max = "token_truncate", self.tis_cap
+        if self.is_mode is not None and self.is_mode not in IS_MODES:
+            raise ValueError(f"importance sampling mode must be one of {IS_MODES}, got {self.is_mode!r}")
 
 
-def per_term_loss(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
-                  cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clipped surrogate per term, and the ratio against the behaviour policy."""
+def importance_weights(log_rho: torch.Tensor, segment: torch.Tensor | None, cfg: LossConfig) -> torch.Tensor:
+    """Per-term weights from log(pi_trainer / pi_vllm) (detached), per cfg.is_mode."""
+    if cfg.is_mode.startswith("sequence"):
+        seg = segment if segment is not None else torch.zeros_like(log_rho, dtype=torch.long)
+        per_seq = torch.zeros(int(seg.max()) + 1 if seg.numel() else 0, dtype=log_rho.dtype, device=log_rho.device)
+        log_rho = per_seq.index_add_(0, seg, log_rho)[seg]
+    rho = torch.exp(log_rho)
+    lo = -math.inf if cfg.is_min is None else cfg.is_min
+    hi = math.inf if cfg.is_max is None else cfg.is_max
+    if cfg.is_mode.endswith("truncate"):
+        return torch.clamp(rho, min=lo, max=hi)
+    return torch.where((rho >= lo) & (rho <= hi), rho, torch.zeros_like(rho))
+
+
+def per_term_loss(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, cfg: LossConfig,
+                  segment: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped surrogate per term (IS-weighted when corrected), and the ratio to the behaviour policy."""
     ratio = torch.exp(logp - old)
-    if cfg.tis_cap is None:
+    if cfg.is_mode is None:
         surrogate_ratio, weight = ratio, None
     else:
         surrogate_ratio = torch.exp(logp - logp.detach())
-        weight = torch.clamp(ratio.detach(), max=cfg.tis_cap)
+        weight = importance_weights((logp - old).detach(), segment, cfg)
     unclipped = surrogate_ratio * adv
     clipped = torch.clamp(surrogate_ratio, 1 - cfg.epsilon, 1 + cfg.epsilon_high) * adv
     loss = -torch.minimum(unclipped, clipped)
@@ -109,31 +145,50 @@ def normalised_loss(per_term: torch.Tensor, global_terms: int, world_size: int =
 
 @torch.no_grad()
 def policy_stats(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, entropy: torch.Tensor,
-                 segment: torch.Tensor, cfg: LossConfig) -> dict[str, tuple[float, float]]:
+                 segment: torch.Tensor, cfg: LossConfig,
+                 staleness: torch.Tensor | None = None) -> dict[str, tuple[float, float] | float]:
     """TRL's diagnostics as (numerator, denominator) pairs, so they reduce over batches.
 
-    kl is the k3 estimator against the behaviour policy; clip_ratio/low_min and
-    high_max (plain values) are extrema over sequences of their clip fraction.
+    kl is the k3 estimator against the behaviour policy (the trainer/vLLM mismatch at
+    step start, staleness included), also as mismatch/k3_kl_{mean,max} and per staleness;
+    clip_ratio/* are taken on the surrogate's ratio (1 at step start when IS-corrected);
+    clip_ratio/low_min and high_max (plain values) are extrema over sequences.
     """
     n = float(logp.numel())
     log_ratio = logp - old
     ratio = torch.exp(log_ratio)
-    low = ((ratio < 1 - cfg.epsilon) & (adv < 0)).float()
-    high = ((ratio > 1 + cfg.epsilon_high) & (adv > 0)).float()
+    k3 = (ratio - 1) - log_ratio
+    surrogate = torch.ones_like(ratio) if cfg.is_mode else ratio
+    low = ((surrogate < 1 - cfg.epsilon) & (adv < 0)).float()
+    high = ((surrogate > 1 + cfg.epsilon_high) & (adv > 0)).float()
     stats = {
         "ratio": (ratio.sum().item(), n),
-        "kl": ((ratio - 1) - log_ratio).sum().item() if n else 0.0,
+        "kl": (k3.sum().item(), n),
+        "mismatch/k3_kl_mean": (k3.sum().item(), n),
         "entropy": (entropy.sum().item(), n),
         "clip_ratio/low_mean": (low.sum().item(), n),
         "clip_ratio/high_mean": (high.sum().item(), n),
         "clip_ratio/region_mean": ((low + high).clamp(max=1).sum().item(), n),
+        "sampling/sampling_logp_difference/mean": (log_ratio.abs().sum().item(), n),
     }
-    stats["kl"] = (stats["kl"], n)
-    if n:
-        counts = torch.bincount(segment).clamp(min=1).float()
-        seg_low = torch.bincount(segment, weights=low) / counts
-        seg_high = torch.bincount(segment, weights=high) / counts
-        present = torch.bincount(segment) > 0
-        stats["clip_ratio/low_min"] = seg_low[present].min().item()
-        stats["clip_ratio/high_max"] = seg_high[present].max().item()
+    if not n:
+        return stats
+    stats["mismatch/k3_kl_max"] = k3.max().item()
+    stats["sampling/sampling_logp_difference/max"] = log_ratio.abs().max().item()
+    if cfg.is_mode:
+        w = importance_weights(log_ratio, segment, cfg)
+        stats["sampling/importance_sampling_ratio/mean"] = (w.sum().item(), n)
+        stats["sampling/importance_sampling_ratio/min"] = w.min().item()
+        stats["sampling/importance_sampling_ratio/max"] = w.max().item()
+        stats["mismatch/masked_share"] = ((w == 0).float().sum().item(), n)
+    if staleness is not None:
+        for k in torch.unique(staleness).tolist():
+            at = staleness == k
+            stats[f"mismatch/k3_kl_mean/staleness_{int(k)}"] = (k3[at].sum().item(), float(at.sum()))
+    counts = torch.bincount(segment).clamp(min=1).float()
+    seg_low = torch.bincount(segment, weights=low) / counts
+    seg_high = torch.bincount(segment, weights=high) / counts
+    present = torch.bincount(segment) > 0
+    stats["clip_ratio/low_min"] = seg_low[present].min().item()
+    stats["clip_ratio/high_max"] = seg_high[present].max().item()
     return stats

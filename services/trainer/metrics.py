@@ -36,6 +36,10 @@ class TrainerMetrics:
                                      "Trainer version minus sample version at consumption.",
                                      buckets=STALENESS_BUCKETS)
         self.idle = m.gauge("idle_fraction", "Fraction of the last step spent waiting for samples.")
+        self.idle_seconds = m.counter("idle_seconds", "Seconds the training loop waited for samples.")
+        self.busy_seconds = m.counter("busy_seconds", "Seconds the training loop trained, synced or logged.")
+        self.pacing_window = m.gauge("pacing_window_samples",
+                                     "Samples rollout may have between dispatch and training (pacing).")
         self.step_time = m.histogram("step_seconds", "Wall time of one optimizer step (compute).")
         self.tokens_per_s = m.gauge("tokens_per_second", "Forwarded tokens per second of compute.")
         self.sync_time = m.histogram("weight_sync_seconds", "Weight-sync time per phase.", ("phase",))

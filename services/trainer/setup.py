@@ -52,11 +52,14 @@ def build_engine(cfg: AgrpoConfig, model_path: str, shard=None):
     root = shard(model) if shard is not None else model
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer)
-    loss = LossConfig(cfg.epsilon, cfg.effective_epsilon_high, cfg.temperature, cfg.tis_cap)
+    mode, clip_min, clip_max = cfg.importance_sampling
+    loss = LossConfig(cfg.epsilon, cfg.effective_epsilon_high, cfg.temperature, is_mode=mode, is_min=clip_min,
+                      is_max=clip_max)
     tree = cfg.trainer.forward == "tree" or (cfg.trainer.forward == "auto" and device.type == "cuda")
     engine = Engine(root, optimizer, scheduler,
                     EngineConfig(loss, cfg.max_grad_norm, tree=tree, autocast=autocast_dtype(cfg, device),
-                                 router_aux_loss_coef=cfg.router_aux_loss_coef))
+                                 router_aux_loss_coef=cfg.router_aux_loss_coef,
+                                 fp32_head=cfg.cast_lm_head_to_fp32))
     return engine, tokenizer, device
 
 

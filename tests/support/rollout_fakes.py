@@ -4,9 +4,11 @@
 class FakeSender:
     """Records the groups the Engine hands to the trainer stream; nothing goes stale."""
 
-    def __init__(self):
+    def __init__(self, credits: int = 1 << 30):
         self.groups = []
         self.held = 0
+        self.credits = credits  # the trainer's grant; unlimited unless a test paces
+        self.unsent_count = 0
 
     def add_group(self, key, version, samples):
         self.groups.append((key, version, samples))

@@ -177,7 +177,7 @@ class GetStatusResponse(_message.Message):
     def __init__(self, service: _Optional[_Union[ServiceInfo, _Mapping]] = ..., trainer: _Optional[_Union[TrainerStatus, _Mapping]] = ..., rollout: _Optional[_Union[RolloutStatus, _Mapping]] = ...) -> None: ...
 
 class TrainerStatus(_message.Message):
-    __slots__ = ("step", "policy_version", "completed_epochs", "prompts_trained", "samples_received", "samples_trained", "samples_dropped", "buffered_samples", "buffer_capacity", "target_steps", "resume_point")
+    __slots__ = ("step", "policy_version", "completed_epochs", "prompts_trained", "samples_received", "samples_trained", "samples_dropped", "buffered_samples", "buffer_capacity", "target_steps", "resume_point", "idle_s", "busy_s", "pacing_window")
     class SamplesDroppedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +196,9 @@ class TrainerStatus(_message.Message):
     BUFFER_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     TARGET_STEPS_FIELD_NUMBER: _ClassVar[int]
     RESUME_POINT_FIELD_NUMBER: _ClassVar[int]
+    IDLE_S_FIELD_NUMBER: _ClassVar[int]
+    BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    PACING_WINDOW_FIELD_NUMBER: _ClassVar[int]
     step: int
     policy_version: int
     completed_epochs: int
@@ -207,10 +210,13 @@ class TrainerStatus(_message.Message):
     buffer_capacity: int
     target_steps: int
     resume_point: ResumePoint
-    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., completed_epochs: _Optional[int] = ..., prompts_trained: _Optional[int] = ..., samples_received: _Optional[int] = ..., samples_trained: _Optional[int] = ..., samples_dropped: _Optional[_Mapping[str, int]] = ..., buffered_samples: _Optional[int] = ..., buffer_capacity: _Optional[int] = ..., target_steps: _Optional[int] = ..., resume_point: _Optional[_Union[ResumePoint, _Mapping]] = ...) -> None: ...
+    idle_s: float
+    busy_s: float
+    pacing_window: int
+    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., completed_epochs: _Optional[int] = ..., prompts_trained: _Optional[int] = ..., samples_received: _Optional[int] = ..., samples_trained: _Optional[int] = ..., samples_dropped: _Optional[_Mapping[str, int]] = ..., buffered_samples: _Optional[int] = ..., buffer_capacity: _Optional[int] = ..., target_steps: _Optional[int] = ..., resume_point: _Optional[_Union[ResumePoint, _Mapping]] = ..., idle_s: _Optional[float] = ..., busy_s: _Optional[float] = ..., pacing_window: _Optional[int] = ...) -> None: ...
 
 class RolloutStatus(_message.Message):
-    __slots__ = ("epoch", "prompts_issued", "prompts_reissued", "groups_in_flight", "samples_buffered", "samples_sent", "samples_acked", "drops", "policy_version", "trainer_connected", "trainer_silent_s", "servers")
+    __slots__ = ("epoch", "prompts_issued", "prompts_reissued", "groups_in_flight", "samples_buffered", "samples_sent", "samples_acked", "drops", "policy_version", "trainer_connected", "trainer_silent_s", "servers", "samples_generated", "generation_idle_s", "generation_s")
     class DropsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +236,9 @@ class RolloutStatus(_message.Message):
     TRAINER_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     TRAINER_SILENT_S_FIELD_NUMBER: _ClassVar[int]
     SERVERS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_IDLE_S_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_S_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     prompts_issued: int
     prompts_reissued: int
@@ -242,7 +251,10 @@ class RolloutStatus(_message.Message):
     trainer_connected: bool
     trainer_silent_s: float
     servers: _containers.RepeatedCompositeFieldContainer[InferenceServerStatus]
-    def __init__(self, epoch: _Optional[int] = ..., prompts_issued: _Optional[int] = ..., prompts_reissued: _Optional[int] = ..., groups_in_flight: _Optional[int] = ..., samples_buffered: _Optional[int] = ..., samples_sent: _Optional[int] = ..., samples_acked: _Optional[int] = ..., drops: _Optional[_Mapping[str, int]] = ..., policy_version: _Optional[int] = ..., trainer_connected: _Optional[bool] = ..., trainer_silent_s: _Optional[float] = ..., servers: _Optional[_Iterable[_Union[InferenceServerStatus, _Mapping]]] = ...) -> None: ...
+    samples_generated: int
+    generation_idle_s: float
+    generation_s: float
+    def __init__(self, epoch: _Optional[int] = ..., prompts_issued: _Optional[int] = ..., prompts_reissued: _Optional[int] = ..., groups_in_flight: _Optional[int] = ..., samples_buffered: _Optional[int] = ..., samples_sent: _Optional[int] = ..., samples_acked: _Optional[int] = ..., drops: _Optional[_Mapping[str, int]] = ..., policy_version: _Optional[int] = ..., trainer_connected: _Optional[bool] = ..., trainer_silent_s: _Optional[float] = ..., servers: _Optional[_Iterable[_Union[InferenceServerStatus, _Mapping]]] = ..., samples_generated: _Optional[int] = ..., generation_idle_s: _Optional[float] = ..., generation_s: _Optional[float] = ...) -> None: ...
 
 class InferenceServerStatus(_message.Message):
     __slots__ = ("base_url", "up", "outstanding", "weight_label", "mean_latency_s", "failures")

@@ -180,11 +180,30 @@ class GRPOArgs(BaseModel):
     weight_sync_timeout: float = Field(1800, gt=0)
     """Seconds allowed for one whole weight sync (TRL 1.16.0)."""
 
+    # GRPOConfig's off-policy correction (not in AsyncGRPOConfig; names as GRPOConfig 1.16.0)
+    vllm_importance_sampling_correction: bool = False
+    """Correct for the trainer/vLLM mismatch (numerics and staleness) by importance sampling:
+    the PPO ratio is taken against the trainer's own logprobs at step start and each term is
+    weighted by pi_trainer / pi_vllm (docs/architecture.md, "Off-policy correction")."""
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate",
+                                           "sequence_mask"] = "token_truncate"
+    """How the weights are formed: per token or per sequence; truncated to
+    [clip_min, clip_max], or masked (weight 0, no gradient) outside it."""
+    vllm_importance_sampling_clip_max: float | None = Field(3.0, gt=0)
+    """Upper bound of the importance weight (None: unbounded)."""
+    vllm_importance_sampling_clip_min: float | None = Field(None, ge=0)
+    """Lower bound of the importance weight (None: unbounded)."""
+    vllm_importance_sampling_cap: float | None = Field(None, gt=0)
+    """Deprecated in TRL 1.16.0: the same as vllm_importance_sampling_clip_max."""
+    cast_lm_head_to_fp32: bool = False
+    """Compute the trainer's logprobs with an fp32 LM head (less trainer/vLLM mismatch in bf16)."""
+
     # agrpo extensions
     vllm_server_base_urls: list[str] | None = None
     """Several vLLM servers (data parallel); overrides vllm_server_base_url."""
     tis_cap: float | None = Field(None, gt=0)
-    """Truncated importance sampling: cap on the trainer/behaviour ratio; None: off."""
+    """Truncated importance sampling with this cap (shorthand for vllm_importance_sampling_correction,
+    token_truncate, clip_max=tis_cap); None: off."""
     weight_sync_phase_timeout: float = Field(60.0, gt=0)
     """Seconds allowed for each HTTP phase of a weight sync (pause, start, update, ...)."""
 
@@ -193,6 +212,16 @@ class GRPOArgs(BaseModel):
         """Every configured vLLM base URL, without trailing slashes."""
         urls = self.vllm_server_base_urls or [self.vllm_server_base_url]
         return [u.rstrip("/") for u in urls]
+
+    @property
+    def importance_sampling(self) -> tuple[str | None, float | None, float | None]:
+        """(mode, clip_min, clip_max) of the correction in force; mode None: off."""
+        if self.tis_cap is not None:
+            return "token_truncate", None, self.tis_cap
+        if not self.vllm_importance_sampling_correction:
+            return None, None, None
+        clip_max = self.vllm_importance_sampling_cap or self.vllm_importance_sampling_clip_max
+        return self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min, clip_max
 
     @property
     def effective_epsilon_high(self) -> float:

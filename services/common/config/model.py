@@ -70,8 +70,10 @@ class AgrpoConfig(GRPOArgs):
 
     @property
     def resolved_max_inflight_tasks(self) -> int:
-        """max_inflight_tasks with the seed's auto formula for -1 (one trainer process)."""
+        """max_inflight_tasks with TRL 1.16's auto formula for -1 (one trainer process):
+        max(max_staleness, 1) x per_device_train_batch_size x gradient_accumulation_steps.
+        Pacing (trainer credits) bounds generation further; this caps vLLM concurrency."""
         if self.max_inflight_tasks > 0:
             return self.max_inflight_tasks
-        auto = self.max_staleness * self.per_device_train_batch_size * self.gradient_accumulation_steps
+        auto = max(self.max_staleness, 1) * self.per_device_train_batch_size * self.gradient_accumulation_steps
         return max(auto, self.num_generations)

@@ -178,7 +178,11 @@ class TrainerSection(ServiceSection):
     reconcile_interval_s: float = Field(10.0, gt=0)
     """While idle, how often to check vLLM weight labels and re-sync restarted servers."""
     credit_window: int | None = Field(None, ge=1)
-    """Samples rollout may buffer ahead of training; None: batch x grad-accum x (max_staleness + 1)."""
+    """Samples rollout may have between dispatch and training (the pacing window); None: what
+    max_staleness + 1 versions consume (docs/architecture.md, "Pacing")."""
+    schedule: Literal["async", "sync"] = "async"
+    """async: generation runs up to max_staleness versions ahead of training. sync: the baseline
+    schedule of TRL's GRPOTrainer: generate one step's samples, train, sync, then generate again."""
     peak_tflops: float | None = Field(None, gt=0)
     """Accelerator peak TFLOP/s for perf/mfu; None: MFU not logged."""
     forward: Literal["auto", "tree", "unpacked"] = "auto"

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 from agrpo.v1.common_pb2 import GetStatusRequest, HeartbeatRequest
-from services.trainer.app import credit_window
+from services.trainer.app import build_pace
 from agrpo.v1.trainer_service_pb2 import WatchPolicyRequest
 from services.trainer.sample import Outcome
 from services.trainer.server import build
@@ -53,7 +53,7 @@ async def test_train_sync_publish_stale_and_duplicates(shared_vllm, tiny_model_d
 
         producer = Producer(svc.port, prompts_per_epoch=10)
         await producer.wait_for(lambda: producer.first is not None)
-        assert producer.first.credits == credit_window(cfg) and producer.first.policy_version == 1
+        assert producer.first.credits == build_pace(cfg).window and producer.first.policy_version == 1
         stale = rollout_samples(1, 1, version=0, prefix="stale")  # 1 - 0 > max_staleness 0
         fresh = rollout_samples(1, 4, version=1, seed=1)
         await producer.send(stale + fresh)

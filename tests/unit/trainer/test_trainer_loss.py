@@ -88,3 +88,45 @@ def test_policy_stats_clip_fractions():
     assert stats["clip_ratio/region_mean"] == (2.0, 4.0)
     assert stats["clip_ratio/low_min"] == 0.0 and stats["clip_ratio/high_max"] == 0.5
     assert stats["kl"][0] > 0 and stats["entropy"] == (4.0, 4.0)
+
+
+@pytest.mark.parametrize("mode,lo,hi,expected", [
+    # trainer/vLLM ratios per term: 4, 0.5, 1.0 (sequence 0 = terms 0-1, sequence 1 = term 2)
+    ("token_truncate", None, 2.0, [2.0, 0.5, 1.0]),
+    ("token_truncate", 0.6, 2.0, [2.0, 0.6, 1.0]),
+    ("token_mask", None, 2.0, [0.0, 0.5, 1.0]),
+    ("token_mask", 0.6, None, [4.0, 0.0, 1.0]),
+    ("sequence_truncate", None, 1.5, [1.5, 1.5, 1.0]),   # sequence ratio 4 * 0.5 = 2
+    ("sequence_mask", None, 1.5, [0.0, 0.0, 1.0]),
+    ("sequence_mask", None, 3.0, [2.0, 2.0, 1.0]),
+])
+def test_importance_sampling_modes(mode, lo, hi, expected):
+    cfg = LossConfig(0.2, 0.2, is_mode=mode, is_min=lo, is_max=hi)
+    logp = torch.zeros(3, requires_grad=True)
+    old = torch.log(torch.tensor([0.25, 2.0, 1.0]))
+    per, _ = per_term_loss(logp, old, torch.ones(3), cfg, segment=torch.tensor([0, 0, 1]))
+    assert torch.allclose(per, -torch.tensor(expected), atol=1e-6)
+    per.sum().backward()  # the surrogate is against the trainer's own logprob: never clipped
+    assert torch.allclose(logp.grad, -torch.tensor(expected), atol=1e-6)
+
+
+def test_tis_cap_is_token_truncate():
+    cfg = LossConfig(0.2, 0.2, tis_cap=2.0)
+    assert (cfg.is_mode, cfg.is_max) == ("token_truncate", 2.0)
+    with pytest.raises(ValueError, match="importance sampling mode"):
+        LossConfig(is_mode="bogus")
+
+
+def test_mismatch_stats_by_staleness_and_masked_share():
+    cfg = LossConfig(0.2, 0.2, is_mode="token_mask", is_max=2.0)
+    logp = torch.zeros(4)
+    old = torch.log(torch.tensor([0.25, 1.0, 1.0, 0.5]))  # ratios 4 (masked), 1, 1, 2
+    stats = policy_stats(logp, old, torch.ones(4), torch.ones(4), torch.tensor([0, 0, 1, 1]), cfg,
+                         staleness=torch.tensor([2, 2, 0, 0]))
+    k3 = lambda r: (r - 1) - math.log(r)  # noqa: E731
+    assert stats["mismatch/k3_kl_mean/staleness_0"] == pytest.approx((k3(2.0), 2.0))
+    assert stats["mismatch/k3_kl_mean/staleness_2"] == pytest.approx((k3(4.0), 2.0))
+    assert stats["mismatch/k3_kl_max"] == pytest.approx(k3(4.0))
+    assert stats["mismatch/masked_share"] == (1.0, 4.0)
+    assert stats["sampling/importance_sampling_ratio/max"] == pytest.approx(2.0)
+    assert stats["clip_ratio/region_mean"] == (0.0, 4.0)  # corrected: the surrogate starts at 1
