@@ -13,13 +13,14 @@ bf16 weights + bf16 autocast, gradient checkpointing on. `--model` is a saved mo
 Layouts of the same samples (suffixes combine: `tree+cl+v65536`):
   tree     the trainer's prefix-tree rows (packing.TreeRow), the Engine's CUDA path:
            flex_attention with the trie BlockMask (services/trainer/tree_attention.py)
-  tree2    the same with completions 37 tokens shorter: a new row length, which must
+  tree2/3  the same with completions 37 shorter / 61 longer: new row lengths, which must
            not compile again (`graphs` counts dynamo graphs compiled in the layout)
   packed   plain padding-free packing: the same samples back to back in one row, each
            its own chain (block-diagonal causal), same flex path: no sharing
   padded   the Engine's unpacked path: one padded row per sample (SDPA)
   *_sdpa   tree attention as a dense [N, N] mask to SDPA (the CPU path) instead of flex
   +cl      each decoder layer torch.compile'd too (EngineConfig.compile_layers)
+  +ch      the chunked-vocab logprob head torch.compile'd (EngineConfig.compile_head)
   +v<N>    vocab chunk N for the logprob head (default 32768)
   +gc<K>   gradient checkpointing on every K-th decoder layer only (gc0: off; default all)
 tokens/s counts the samples' tokens (what the step trains on); MFU = 6 * params *
@@ -95,13 +96,13 @@ def plain_rows(samples, per_row: int):
     return rows
 
 
-def parse_layout(spec: str) -> tuple[str, str, bool, dict]:
-    """'tree_sdpa+cl+v65536+gc2' -> (base, attention, compile_layers, step options)."""
+def parse_layout(spec: str) -> tuple[str, tuple[str, bool, bool], dict]:
+    """'tree_sdpa+cl+ch+v65536+gc2' -> (base, engine key (attention, compile layers, head), step options)."""
     base, *mods = spec.split("+")
     attention = "sdpa" if base.endswith("_sdpa") else "auto"
     opts = dict(chunk=next((int(m[1:]) for m in mods if m.startswith("v")), 32768),
                 gc_every=next((int(m[2:]) for m in mods if m.startswith("gc")), 1))
-    return base.removesuffix("_sdpa"), attention, "cl" in mods, opts
+    return base.removesuffix("_sdpa"), (attention, "cl" in mods, "ch" in mods), opts
 
 
 def load_model(model: str, device: str = "cuda"):
@@ -125,7 +126,8 @@ def load_model(model: str, device: str = "cuda"):
         return Qwen2ForCausalLM(cfg).to(torch.bfloat16)
 
 
-def build(model_path: str, gc: bool, device: str = "cuda", attention: str = "auto", compile_layers: bool = False):
+def build(model_path: str, gc: bool, device: str = "cuda", attention: str = "auto", compile_layers: bool = False,
+          compile_head: bool = False):
     import torch
 
     from services.trainer.engine import Engine, EngineConfig
@@ -139,7 +141,8 @@ def build(model_path: str, gc: bool, device: str = "cuda", attention: str = "aut
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     return Engine(model, opt, sched, EngineConfig(LossConfig(0.2, 0.2, 1.0, 2.0), autocast=torch.bfloat16,
-                                                  attention=attention, compile_layers=compile_layers))
+                                                  attention=attention, compile_layers=compile_layers,
+                                                  compile_head=compile_head))
 
 
 def step_times(engine, mb, tree: bool, opts: dict, n: int) -> tuple[list[float], dict]:
@@ -190,9 +193,10 @@ def layout_rows(a, vocab: int) -> dict:
     """base layout -> (rows, tree flag); all from the same seed's samples."""
     samples = make_samples(a.groups, a.group_size, a.prompt, a.completion, vocab)
     tree = tree_rows(samples, a.group_size)
-    shorter = make_samples(a.groups, a.group_size, a.prompt, a.completion - 37, vocab, seed=1)
-    return {"tree": (tree, True), "packed": (plain_rows(samples, a.group_size), True),
-            "padded": (tree, False), "tree2": (tree_rows(shorter, a.group_size), True)}
+    other = {k: make_samples(a.groups, a.group_size, a.prompt, a.completion + d, vocab, seed=k)
+             for k, d in ((2, -37), (3, 61))}
+    return {"tree": (tree, True), "packed": (plain_rows(samples, a.group_size), True), "padded": (tree, False),
+            **{f"tree{k}": (tree_rows(s, a.group_size), True) for k, s in other.items()}}
 
 
 def mask_ms(row) -> float:
@@ -236,20 +240,20 @@ def run(a, emit) -> None:
     specs = a.layouts.split(",")
     engines: dict = {}
 
-    def engine(attention: str, cl: bool):
-        if (attention, cl) not in engines:
-            engines[(attention, cl)] = build(a.model, not a.no_gc, attention=attention, compile_layers=cl)
-        return engines[(attention, cl)]
+    def engine(key: tuple[str, bool, bool]):
+        if key not in engines:
+            engines[key] = build(a.model, not a.no_gc, attention=key[0], compile_layers=key[1], compile_head=key[2])
+        return engines[key]
 
-    first = engine(*parse_layout(specs[0])[1:3])
+    first = engine(parse_layout(specs[0])[1])
     n_params = sum(p.numel() for p in first.model.parameters())
     rows = layout_rows(a, first.model.config.vocab_size)
     results = {}
     for spec in specs:  # warm (compile) every layout first
-        base, attention, cl, opts = parse_layout(spec)
+        base, key, opts = parse_layout(spec)
         g0 = graphs()
         try:
-            warm, _ = step_times(engine(attention, cl), _mb(rows[base][0]), rows[base][1], opts, a.warmup)
+            warm, _ = step_times(engine(key), _mb(rows[base][0]), rows[base][1], opts, a.warmup)
             results[spec] = dict(first_step_s=round(warm[0], 2), warm_graphs=graphs() - g0)
         except Exception as exc:  # noqa: BLE001  (OOM, compile failure: recorded, next layout)
             results[spec] = dict(error=f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -260,9 +264,9 @@ def run(a, emit) -> None:
         for spec in specs:
             emit(_timed(a, spec, engine, rows, results[spec], n_params))
         for spec in filter(None, (a.profile or "").split(",")):
-            base, attention, cl, opts = parse_layout(spec)
+            base, key, opts = parse_layout(spec)
             try:
-                profile_step(engine(attention, cl), _mb(rows[base][0]), rows[base][1], opts,
+                profile_step(engine(key), _mb(rows[base][0]), rows[base][1], opts,
                              Path(a.profile_out or f"{a.label}_profile.txt"), f"{a.label} {spec}")
             except Exception as exc:  # noqa: BLE001
                 print("[profile]", spec, "failed:", repr(exc)[:300], flush=True)
@@ -278,7 +282,7 @@ def _timed(a, spec: str, engine, rows, r: dict, n_params: int) -> dict:
     """Time one warmed layout; one JSON row with tokens/s, MFU and compile cost."""
     import torch
 
-    base, attention, cl, opts = parse_layout(spec)
+    base, key, opts = parse_layout(spec)
     lrows, tree = rows[base]
     tokens = sum(len(s) for row in lrows for s in row.samples)
     computed = sum(row.num_tokens for row in lrows) if tree else tokens
@@ -287,7 +291,7 @@ def _timed(a, spec: str, engine, rows, r: dict, n_params: int) -> dict:
             raise RuntimeError(r["error"])
         torch.cuda.reset_peak_memory_stats()
         g0 = graphs()
-        times, stats = step_times(engine(attention, cl), _mb(lrows), tree, opts, a.steps)
+        times, stats = step_times(engine(key), _mb(lrows), tree, opts, a.steps)
         step = statistics.median(times)
         r.update(step_s=round(step, 3), loss=stats["loss"], timed_graphs=graphs() - g0,
                  fwd_bwd_s=round(stats["perf/forward_backward_s"], 3), optim_s=round(stats["perf/optimizer_s"], 3),

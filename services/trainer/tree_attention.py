@@ -13,6 +13,11 @@ under `IMPLEMENTATION` and points the model's config at it. That function sends 
 BlockMask to flex and any other mask to transformers' SDPA, so one model serves the tree path, the
 unpacked path, and gradient checkpointing's recomputes of either.
 
+GQA: K/V are repeated up to the query heads before flex instead of passing
+enable_gqa. flex's backward kernel parallelises over KV heads and loops over the query
+heads of a group, so with Qwen2's 2 KV heads it ran 1.5-1.7 ms per layer and row on
+an H200 (a quarter of the step's GPU time); the repeat costs two small copies.
+
 Compile (CUDA only; eager flex is an unfused reference that materialises the scores):
 flex_attention is compiled once per process with automatic dynamic shapes. The first
 row length compiles a static kernel; the first different length recompiles it once
@@ -29,7 +34,7 @@ import functools
 import warnings
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 IMPLEMENTATION = "agrpo_tree"
 BLOCK = 128  # flex_attention's default sparse block (torch.nn.attention.flex_attention)
@@ -56,13 +61,37 @@ def dense_mask(subtree_end: torch.Tensor) -> torch.Tensor:
 
 
 def block_mask(subtree_end: torch.Tensor) -> BlockMask:
-    """flex_attention BlockMask of the ancestor-or-self relation over one row (B = H = 1)."""
+    """flex_attention BlockMask of the ancestor-or-self relation over one padded row (B = H = 1).
+
+    Built from the intervals at block granularity, without an [N, N] mask: kv reaches the
+    queries [kv, end[kv]], so block pair (q block i, kv block j) holds an allowed pair iff
+    some kv of j has kv <= last(i) and end[kv] >= first(i); it is full iff every kv of j
+    precedes block i and every end in j reaches past it. Same blocks as create_block_mask
+    (tests/unit/trainer/test_tree_attention.py) for a few small ops instead of a vmapped
+    mask over N^2 pairs.
+    """
+    n = subtree_end.shape[0]
+    assert n % BLOCK == 0, n
+    nb, dev = n // BLOCK, subtree_end.device
+    first = torch.arange(nb, device=dev) * BLOCK
+    last = first + (BLOCK - 1)
+    kv = torch.arange(n, device=dev)
+    reach = (kv[None, :] <= last[:, None]) & (subtree_end[None, :] >= first[:, None])  # [q block, kv]
+    some = reach.view(nb, nb, BLOCK).any(-1)
+    full = (last[None, :] <= first[:, None]) & (subtree_end.view(nb, BLOCK).amin(-1)[None, :] >= last[:, None])
 
     def mask_mod(b, h, q, kv):
         return (kv <= q) & (q <= subtree_end[kv])
 
-    n = subtree_end.shape[0]
-    return create_block_mask(mask_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device=subtree_end.device)
+    return BlockMask.from_kv_blocks(*_sparse(some & ~full), *_sparse(full), BLOCK_SIZE=BLOCK,
+                                    mask_mod=mask_mod, seq_lengths=(n, n))
+
+
+def _sparse(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[nq, nkv] bool -> per q block the count [1, 1, nq] and the kv block indices, listed first."""
+    counts = blocks.sum(-1, dtype=torch.int32)
+    order = torch.sort(blocks.to(torch.int8), dim=-1, descending=True, stable=True).indices
+    return counts[None, None], order.to(torch.int32)[None, None]
 
 
 @functools.cache
@@ -93,8 +122,10 @@ def make_attention(fallback):
             flex = flex_attention
         else:
             flex = _compiled_flex() if query.is_cuda else _eager_flex
-        out = flex(query, key, value, block_mask=attention_mask, scale=scaling,
-                   enable_gqa=query.shape[1] != key.shape[1])
+        groups = query.shape[1] // key.shape[1]
+        if groups > 1:  # see "GQA" in the module docstring
+            key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+        out = flex(query, key, value, block_mask=attention_mask, scale=scaling)
         return out.transpose(1, 2).contiguous(), None
 
     return attention

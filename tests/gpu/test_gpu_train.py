@@ -33,7 +33,7 @@ def _loss_and_grads(eng, rows):
     for row in rows:
         loss, _ = eng.row_loss(row, sum(r.num_terms for r in rows), len(rows))
         loss.backward()
-        total += float(loss)
+        total += float(loss.detach())
     grads = torch.cat([p.grad.float().flatten() for p in eng.model.parameters() if p.grad is not None])
     return total, grads
 
@@ -53,8 +53,8 @@ def test_tree_packed_padded_layouts_agree_in_fp32(tiny_gpu_model):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("compile_layers", [False, True], ids=["flex", "flex_compiled_layers"])
-def test_flex_tree_equals_dense_sdpa_in_bf16(tiny_gpu_model, compile_layers):
+@pytest.mark.parametrize("compiled", [False, True], ids=["flex", "flex_compiled_layers_and_head"])
+def test_flex_tree_equals_dense_sdpa_in_bf16(tiny_gpu_model, compiled):
     """The Engine's CUDA path (flex BlockMask) == the dense-mask SDPA path: logprobs, loss, grads.
 
     Row lengths 115 + 3 * 33 (not block multiples: the Engine pads) and a second, longer
@@ -64,7 +64,7 @@ def test_flex_tree_equals_dense_sdpa_in_bf16(tiny_gpu_model, compile_layers):
     samples = g.make_samples(2, 4, 100, 33, 1024) + g.make_samples(1, 4, 300, 50, 1024, seed=2)
     tree, packed = g.tree_rows(samples, 4), g.plain_rows(samples, 4)
     dense = g.build(str(tiny_gpu_model), gc=True, attention="sdpa")
-    flex = g.build(str(tiny_gpu_model), gc=True, compile_layers=compile_layers)
+    flex = g.build(str(tiny_gpu_model), gc=True, compile_layers=compiled, compile_head=compiled)
     assert flex.flex and not dense.flex
     base = _logprobs(dense, tree, True)
     for rows in (tree, packed):

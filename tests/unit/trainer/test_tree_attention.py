@@ -51,18 +51,25 @@ def test_padding_adds_lone_roots():
     assert not allow[:3, 3:].any() and torch.equal(allow[3:, 3:], torch.eye(2, dtype=torch.bool))
 
 
-def test_block_mask_matches_dense_mask_and_skips_empty_blocks():
-    from torch.nn.attention.flex_attention import create_mask
+def _blocks(bm, which: str) -> list[list[int]]:
+    """Per q block, the listed kv blocks of a BlockMask ('kv' partial, 'full_kv' full)."""
+    counts, idx = getattr(bm, f"{which}_num_blocks")[0, 0], getattr(bm, f"{which}_indices")[0, 0]
+    return [idx[i, :c].tolist() for i, c in enumerate(counts.tolist())]
 
-    parent = _random_forest(300, 7)
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_block_mask_equals_create_block_mask(seed):
+    from torch.nn.attention.flex_attention import create_block_mask, create_mask
+
+    parent = _random_forest(300 + 40 * seed, seed)
     size = ta.padded_length(len(parent))
     end = torch.tensor(ta.pad_tree(parent, parent, subtree_end(parent), size)[2])
     bm = ta.block_mask(end)
-    dense = ta.dense_mask(end)
-    assert torch.equal(create_mask(bm.mask_mod, 1, 1, size, size, "cpu")[0, 0], dense)
-    nb = size // ta.BLOCK
-    any_pair = dense.view(nb, ta.BLOCK, nb, ta.BLOCK).any(3).any(1)
-    assert torch.equal(bm.to_dense()[0, 0].bool(), any_pair)
+    assert torch.equal(create_mask(bm.mask_mod, 1, 1, size, size, "cpu")[0, 0], ta.dense_mask(end))
+    ref = create_block_mask(bm.mask_mod, None, None, size, size, device="cpu")
+    for which in ("kv", "full_kv", "q", "full_q"):
+        assert _blocks(bm, which) == _blocks(ref, which), which
+    assert sum(map(len, _blocks(bm, "kv") + _blocks(bm, "full_kv"))) < (size // ta.BLOCK) ** 2  # blocks skipped
 
 
 @pytest.fixture(scope="module")
