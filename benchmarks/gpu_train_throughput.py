@@ -1,7 +1,7 @@
 """gpu_train_throughput.py: trainer tokens/s and MFU on one GPU, prefix tree vs plain packing.
 
   python3 benchmarks/gpu_train_throughput.py --model preset:qwen2-1.5b --label qwen2-1.5b \
-      --layouts tree,packed,tree_sdpa,tree+cl,packed+cl --results train.jsonl --profile tree+cl
+      --layouts tree,packed,tree_sdpa,tree+eager --results train.jsonl --profile tree
   python3 benchmarks/gpu_train_throughput.py --table train.jsonl
 
 A GRPO-shaped step: `--groups` groups of `--group-size` samples sharing a random prompt,
@@ -10,19 +10,20 @@ one group per packed row (one micro-batch), through the trainer's own Engine
 bf16 weights + bf16 autocast, gradient checkpointing on. `--model` is a saved model or
 `preset:<name>` (scripts/gpu/make_tiny.py's shapes, random weights built on the GPU).
 
-Layouts of the same samples (suffixes combine: `tree+cl+v65536`):
-  tree     the trainer's prefix-tree rows (packing.TreeRow), the Engine's CUDA path:
-           flex_attention with the trie BlockMask (services/trainer/tree_attention.py)
-  tree2/3  the same with completions 37 shorter / 61 longer: new row lengths, which must
-           not compile again (`graphs` counts dynamo graphs compiled in the layout)
+Layouts of the same samples (suffixes combine: `tree+noch+v65536`):
+  tree     the trainer's prefix-tree rows (packing.TreeRow) through the Engine's CUDA path:
+           flex_attention with the trie BlockMask (services/trainer/tree_attention.py),
+           decoder layers and logprob head torch.compile'd (EngineConfig defaults)
+  tree2/3  the same with completions 37 shorter / 61 longer: new row lengths
   packed   plain padding-free packing: the same samples back to back in one row, each
-           its own chain (block-diagonal causal), same flex path: no sharing
+           its own chain (block-diagonal causal), same path as tree: no sharing
   padded   the Engine's unpacked path: one padded row per sample (SDPA)
-  *_sdpa   tree attention as a dense [N, N] mask to SDPA (the CPU path) instead of flex
-  +cl      each decoder layer torch.compile'd too (EngineConfig.compile_layers)
-  +ch      the chunked-vocab logprob head torch.compile'd (EngineConfig.compile_head)
+  *_sdpa   the pre-flex path: tree attention as a dense [N, N] mask to SDPA, nothing compiled
+  +eager   flex attention only (layers and head eager); +nocl / +noch: one of them eager
   +v<N>    vocab chunk N for the logprob head (default 32768)
   +gc<K>   gradient checkpointing on every K-th decoder layer only (gc0: off; default all)
+  +<other> ignored: a second timing of the same layout (e.g. tree+r)
+`graphs` counts the dynamo graphs compiled while warming / timing a layout.
 tokens/s counts the samples' tokens (what the step trains on); MFU = 6 * params *
 tokens / time / peak (989 TFLOP/s dense bf16, H200 SXM datasheet), attention FLOPs
 left out, so the tree's MFU can exceed what the GPU computed (it skips the repeats):
@@ -97,12 +98,13 @@ def plain_rows(samples, per_row: int):
 
 
 def parse_layout(spec: str) -> tuple[str, tuple[str, bool, bool], dict]:
-    """'tree_sdpa+cl+ch+v65536+gc2' -> (base, engine key (attention, compile layers, head), step options)."""
+    """'tree+noch+v65536+gc2' -> (base, engine key (attention, compile layers, compile head), step options)."""
     base, *mods = spec.split("+")
-    attention = "sdpa" if base.endswith("_sdpa") else "auto"
-    opts = dict(chunk=next((int(m[1:]) for m in mods if m.startswith("v")), 32768),
-                gc_every=next((int(m[2:]) for m in mods if m.startswith("gc")), 1))
-    return base.removesuffix("_sdpa"), (attention, "cl" in mods, "ch" in mods), opts
+    sdpa, eager = base.endswith("_sdpa"), "eager" in mods
+    key = ("sdpa" if sdpa else "auto", not (sdpa or eager or "nocl" in mods), not (sdpa or eager or "noch" in mods))
+    opts = dict(chunk=next((int(m[1:]) for m in mods if m[:1] == "v" and m[1:].isdigit()), 32768),
+                gc_every=next((int(m[2:]) for m in mods if m[:2] == "gc" and m[2:].isdigit()), 1))
+    return base.removesuffix("_sdpa"), key, opts
 
 
 def load_model(model: str, device: str = "cuda"):
@@ -126,8 +128,8 @@ def load_model(model: str, device: str = "cuda"):
         return Qwen2ForCausalLM(cfg).to(torch.bfloat16)
 
 
-def build(model_path: str, gc: bool, device: str = "cuda", attention: str = "auto", compile_layers: bool = False,
-          compile_head: bool = False):
+def build(model_path: str, gc: bool, device: str = "cuda", attention: str = "auto", compile_layers: bool = True,
+          compile_head: bool = True):
     import torch
 
     from services.trainer.engine import Engine, EngineConfig
@@ -293,7 +295,8 @@ def _timed(a, spec: str, engine, rows, r: dict, n_params: int) -> dict:
         g0 = graphs()
         times, stats = step_times(engine(key), _mb(lrows), tree, opts, a.steps)
         step = statistics.median(times)
-        r.update(step_s=round(step, 3), loss=stats["loss"], timed_graphs=graphs() - g0,
+        r.update(step_s=round(step, 3), steps_s=[round(t, 3) for t in times], loss=stats["loss"],
+                 timed_graphs=graphs() - g0,
                  fwd_bwd_s=round(stats["perf/forward_backward_s"], 3), optim_s=round(stats["perf/optimizer_s"], 3),
                  compile_s=round(r["first_step_s"] - step, 1), tokens_per_s=round(tokens / step),
                  mfu=round(6 * n_params * tokens / step / PEAK, 3),

@@ -76,9 +76,10 @@ class EngineConfig:
 
     attention: how tree rows attend. auto = flex (BlockMask) on CUDA, dense-mask SDPA
     elsewhere; "flex" on CPU runs flex eagerly (tests); "sdpa" forces the dense mask.
-    compile_layers: torch.compile each decoder layer as well (flex path only).
-    compile_head: torch.compile the chunked-vocab logprobs (CUDA only): the same maths,
-    with the fp32 logit passes fused instead of a dozen memory-bound kernels per chunk.
+    compile_layers / compile_head: torch.compile each decoder layer (flex path) and the
+    chunked-vocab logprobs (same maths, the fp32 logit passes fused). CUDA and a single
+    process only: eager, the step is bound by kernel launches and memory-bound passes
+    (docs/gpu.md), and compile under FSDP2 is untested.
     """
 
     loss: LossConfig
@@ -90,8 +91,8 @@ class EngineConfig:
     fp32_head: bool = False
     """Project the final hidden states with an fp32 LM head (cast_lm_head_to_fp32)."""
     attention: str = "auto"
-    compile_layers: bool = False
-    compile_head: bool = False
+    compile_layers: bool = True
+    compile_head: bool = True
 
 
 class Engine:
@@ -119,13 +120,12 @@ class Engine:
         self.last_aux: torch.Tensor | None = None
         self.version: int | None = None  # set by train_step, for per-staleness diagnostics
         self.flex = _use_flex(cfg.attention, self.device)
+        compiled = self.device.type == "cuda" and self.world == 1
         if self.flex:
             tree_attention.install(model)
-            if cfg.compile_layers:
+            if cfg.compile_layers and compiled:
                 tree_attention.compile_layers(_decoder(model))
-        self.logprobs = chunked_logprobs
-        if cfg.compile_head and self.device.type == "cuda":
-            self.logprobs = torch.compile(chunked_logprobs)
+        self.logprobs = torch.compile(chunked_logprobs) if cfg.compile_head and compiled else chunked_logprobs
 
     def _autocast(self):
         if self.cfg.autocast is None:
