@@ -3,9 +3,10 @@
 Tree forward: a row's unique tokens go through the decoder once, with RoPE positions
 = trie depth and attention restricted to each token's ancestors (its own sample's
 prefix). On CUDA the relation is a flex_attention BlockMask over the pre-order
-intervals `subtree_end` (services/trainer/tree_attention.py: compiled once, rows padded
-to the 128-token block); elsewhere (and with `attention="sdpa"`) it is a dense boolean
-[N, N] mask to SDPA, exact on every device and O(N^2) in memory. The unpacked path
+intervals `subtree_end` (services/trainer/tree_attention.py; rows padded to the 128-token
+block), and on one GPU the decoder layers and the logprob head are torch.compile'd too;
+elsewhere (and with `attention="sdpa"`) it is a dense boolean [N, N] mask to SDPA, exact
+on every device and O(N^2) in memory. The unpacked path
 forwards each sample as its own padded row; all give the same per-term logprobs
 (tests/unit/trainer/test_trainer_engine.py, tests/gpu/test_gpu_train.py).
 

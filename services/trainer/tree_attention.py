@@ -10,8 +10,8 @@ compute (SDPA's masked kernels cannot skip blocks).
 
 How the model reaches flex: `install` registers `make_attention(SDPA)` with transformers
 under `IMPLEMENTATION` and points the model's config at it. That function sends a
-BlockMask to flex and any other mask to transformers' SDPA, so one model serves the tree path, the
-unpacked path, and gradient checkpointing's recomputes of either.
+BlockMask to flex and any other mask to transformers' SDPA, so one model serves the tree
+path, the unpacked path, and gradient checkpointing's recomputes of either.
 
 GQA: K/V are repeated up to the query heads before flex instead of passing
 enable_gqa. flex's backward kernel parallelises over KV heads and loops over the query
@@ -19,13 +19,13 @@ heads of a group, so with Qwen2's 2 KV heads it ran 1.5-1.7 ms per layer and row
 an H200 (a quarter of the step's GPU time); the repeat costs two small copies.
 
 Compile (CUDA only; eager flex is an unfused reference that materialises the scores):
-flex_attention is compiled once per process with automatic dynamic shapes. The first
-row length compiles a static kernel; the first different length recompiles it once
-with the sequence length symbolic, and every later length reuses that. Rows are padded
-to a multiple of the 128-token block (`padded_length`): the pad tokens are lone roots
-that attend only to themselves, so no real token sees them and their outputs are never
-read. `compile_layers` optionally compiles each decoder layer too (one graph shared by
-all layers of a model), which fuses the norms, RoPE and SwiGLU around the matmuls.
+outside a compiled region flex_attention is compiled once per process with automatic
+dynamic shapes: the first row length compiles a static kernel, the first different one
+recompiles it with the length symbolic, and later lengths reuse that. Rows are padded to
+a multiple of the 128-token block (`padded_length`): the pad tokens are lone roots that
+attend only to themselves, so no real token sees them and their outputs are never read.
+`compile_layers` compiles each decoder layer too (one graph shared by all layers of a
+model, flex traced inside it), which fuses the norms, RoPE and SwiGLU around the matmuls.
 """
 
 from __future__ import annotations

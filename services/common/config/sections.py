@@ -190,8 +190,9 @@ class TrainerSection(ServiceSection):
     sample; same loss). auto: tree on GPU (flex_attention with the tree's block mask), unpacked on
     CPU, where the dense tree mask costs more than the shared prompt saves."""
     compile: bool = True
-    """On one GPU, torch.compile the decoder layers and the logprob head (about 1.6x faster steps
-    for 20-40 s of compiles; docs/gpu.md). Off: eager modules (flex attention stays compiled)."""
+    """On one GPU, torch.compile the decoder layers and the logprob head: 1.6-2.3x faster steps
+    for about 35 s of compiles in the first steps (docs/gpu.md). Off: eager modules (the tree's
+    flex attention stays compiled)."""
 
 
 class DatasetConfig(Section):
