@@ -6,9 +6,9 @@ prefix). On CUDA the relation is a flex_attention BlockMask over the pre-order
 intervals `subtree_end` (services/trainer/tree_attention.py; rows padded to the 128-token
 block), and on one GPU the decoder layers and the logprob head are torch.compile'd too;
 elsewhere (and with `attention="sdpa"`) it is a dense boolean [N, N] mask to SDPA, exact
-on every device and O(N^2) in memory. The unpacked path
-forwards each sample as its own padded row; all give the same per-term logprobs
-(tests/unit/trainer/test_trainer_engine.py, tests/gpu/test_gpu_train.py).
+on every device and O(N^2) in memory. The unpacked path forwards each sample as its own
+padded row; all give the same per-term logprobs (tests/unit/trainer/test_trainer_engine.py,
+tests/unit/trainer/test_tree_attention.py, tests/gpu/test_gpu_train.py).
 
 Every use of a parameter (decoder and the chunked-vocab head) runs inside one call of
 `RootForward`, the module FSDP2 shards as its root (services/trainer/fsdp.py), so its
