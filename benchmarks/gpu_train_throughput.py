@@ -1,35 +1,50 @@
 """gpu_train_throughput.py: trainer tokens/s and MFU on one GPU, prefix tree vs plain packing.
 
-  python3 benchmarks/gpu_train_throughput.py --model /tmp/qwen2-0.5b --label qwen2-0.5b \
-      --groups 2 --group-size 8 --prompt 1024 --completion 512 --results train.jsonl
+  python3 benchmarks/gpu_train_throughput.py --model preset:qwen2-1.5b --label qwen2-1.5b \
+      --layouts tree,packed,tree_sdpa,tree+eager --results train.jsonl --profile tree
   python3 benchmarks/gpu_train_throughput.py --table train.jsonl
 
 A GRPO-shaped step: `--groups` groups of `--group-size` samples sharing a random prompt,
 one group per packed row (one micro-batch), through the trainer's own Engine
-(services/trainer/engine.py: chunked-vocab logprobs, clipped GRPO loss, AdamW step), bf16
-weights + bf16 autocast, gradient checkpointing on. Layouts of the same samples:
-  tree    the trainer's prefix-tree packing (packing.TreeRow): the shared prompt is
-          forwarded once; attention = trie-ancestor mask (dense [N, N] bool to SDPA)
-  packed  plain padding-free packing: the same samples back to back in one row, each
-          its own chain (block-diagonal causal mask, same SDPA path): no sharing
-  padded  the Engine's unpacked path: one padded row per sample
-  tree_flex / packed_flex  the same rows through torch's flex_attention (HF
-          attn_implementation="flex_attention", compiled) with a BlockMask built from
-          the pre-order trie: kv attends iff kv <= q <= subtree_end[kv] (an O(1) mask_mod;
-          whole-block skipping instead of an [N, N] mask) - a prototype for the trainer
+(services/trainer/engine.py: chunked-vocab logprobs, clipped GRPO loss, fused AdamW),
+bf16 weights + bf16 autocast, gradient checkpointing on. `--model` is a saved model or
+`preset:<name>` (scripts/gpu/make_tiny.py's shapes, random weights built on the GPU).
+
+Layouts of the same samples (suffixes combine: `tree+noch+v65536`):
+  tree     the trainer's prefix-tree rows (packing.TreeRow) through the Engine's CUDA path:
+           flex_attention with the trie BlockMask (services/trainer/tree_attention.py),
+           decoder layers and logprob head torch.compile'd (EngineConfig defaults)
+  tree2/3  the same with completions 37 shorter / 61 longer: new row lengths
+  packed   plain padding-free packing: the same samples back to back in one row, each
+           its own chain (block-diagonal causal), same path as tree: no sharing
+  padded   the Engine's unpacked path: one padded row per sample (SDPA)
+  *_sdpa   the pre-flex path: tree attention as a dense [N, N] mask to SDPA, nothing compiled
+  +eager   flex attention only (layers and head eager); +nocl / +noch: one of them eager
+  +v<N>    vocab chunk N for the logprob head (default 32768)
+  +gc<K>   gradient checkpointing on every K-th decoder layer only (gc0: off; default all)
+  +<other> ignored: a second timing of the same layout (e.g. tree+r)
+`graphs` counts the dynamo graphs compiled while warming / timing a layout.
 tokens/s counts the samples' tokens (what the step trains on); MFU = 6 * params *
 tokens / time / peak (989 TFLOP/s dense bf16, H200 SXM datasheet), attention FLOPs
 left out, so the tree's MFU can exceed what the GPU computed (it skips the repeats):
-`computed_tokens` is what went through the model.
+`computed_tokens` is what went through the model, `hw_mfu` uses it.
+
+Every layout is warmed (compiled) first, then all are timed: `compile_s` is the first
+step's time over the timed median. `--barrier DIR --barrier-count K` lets K processes
+(one per model) compile at the same time and then time one after another (a lock in
+DIR), so one GPU call pays the compiles once in wall time and no timing overlaps work.
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import random
 import statistics
 import sys
 import time
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,140 +82,235 @@ def tree_rows(samples, per_row: int):
 
 def plain_rows(samples, per_row: int):
     """Padding-free packing without sharing: each sample a separate chain in the row."""
-    from dataclasses import replace
-
     rows = []
     for k in range(0, len(samples), per_row):
-        parts = tree_rows(samples[k:k + per_row], 1)
-        off, acc = 0, None
-        for slot, r in enumerate(parts):
+        acc = None
+        for slot, r in enumerate(tree_rows(samples[k:k + per_row], 1)):
+            off = 0 if acc is None else acc.num_tokens
             r = replace(r, parent=[p + off if p >= 0 else -1 for p in r.parent],
+                        subtree_end=[e + off for e in r.subtree_end],
                         token_index=[t + off for t in r.token_index], segment_id=[slot] * len(r.segment_id))
-            if acc is None:
-                acc = r
-            else:
-                acc = replace(acc, **{f: getattr(acc, f) + getattr(r, f) for f in (
-                    "input_ids", "position_ids", "parent", "shift_labels", "token_index", "labels",
-                    "old_logprobs", "advantages", "segment_id", "sample_position", "samples")})
-            off += len(r.input_ids)
+            acc = r if acc is None else replace(acc, **{f: getattr(acc, f) + getattr(r, f) for f in (
+                "input_ids", "position_ids", "parent", "subtree_end", "shift_labels", "token_index", "labels",
+                "old_logprobs", "advantages", "segment_id", "sample_position", "samples")})
         rows.append(acc)
     return rows
 
 
-def subtree_end(parent: list[int]) -> list[int]:
-    """Pre-order layout: the last index inside each node's subtree."""
-    end = list(range(len(parent)))
-    for i in range(len(parent) - 1, -1, -1):
-        if parent[i] >= 0 and end[i] > end[parent[i]]:
-            end[parent[i]] = end[i]
-    return end
+def parse_layout(spec: str) -> tuple[str, tuple[str, bool, bool], dict]:
+    """'tree+noch+v65536+gc2' -> (base, engine key (attention, compile layers, compile head), step options)."""
+    base, *mods = spec.split("+")
+    sdpa, eager = base.endswith("_sdpa"), "eager" in mods
+    key = ("sdpa" if sdpa else "auto", not (sdpa or eager or "nocl" in mods), not (sdpa or eager or "noch" in mods))
+    opts = dict(chunk=next((int(m[1:]) for m in mods if m[:1] == "v" and m[1:].isdigit()), 32768),
+                gc_every=next((int(m[2:]) for m in mods if m[:2] == "gc" and m[2:].isdigit()), 1))
+    return base.removesuffix("_sdpa"), key, opts
 
 
-def tree_block_mask(parent: list[int], device):
-    """flex_attention BlockMask of the trie-ancestor relation (ancestor-or-self)."""
-    import torch
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    end = torch.tensor(subtree_end(parent), device=device)
-
-    def mask_mod(b, h, q, kv):
-        return (kv <= q) & (q <= end[kv])
-    n = len(parent)
-    return create_block_mask(mask_mod, B=None, H=None, Q_LEN=n, KV_LEN=n, device=device)
-
-
-def flex_engine_class():
-    from services.trainer.engine import Engine, _decoder
-
-    class FlexEngine(Engine):
-        """The trainer's Engine with the tree forward through flex_attention."""
-
-        def row_hidden(self, row, tree=None):
-            import torch
-
-            if not (self.cfg.tree if tree is None else tree):
-                return super().row_hidden(row, tree)
-            dev = self.device
-            ids = torch.tensor([row.input_ids], device=dev)
-            pos = torch.tensor([row.position_ids], device=dev)
-            hidden = _decoder(self.model)(input_ids=ids, position_ids=pos, use_cache=False,
-                                          attention_mask=tree_block_mask(row.parent, dev)).last_hidden_state[0]
-            return hidden[torch.tensor(row.token_index, device=dev)]
-    return FlexEngine
-
-
-def build(model_path: str, gc: bool, device: str = "cuda", attn: str = "sdpa"):
+def load_model(model: str, device: str = "cuda"):
     import torch
     from transformers import AutoModelForCausalLM
+
+    if not model.startswith("preset:"):
+        return AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16,
+                                                    attn_implementation="sdpa").to(device)
+    import importlib.util
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    spec = importlib.util.spec_from_file_location("make_tiny", ROOT / "scripts" / "gpu" / "make_tiny.py")
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    cfg = Qwen2Config(bos_token_id=1, eos_token_id=2, pad_token_id=0, attn_implementation="sdpa",
+                      **tiny.PRESETS[model.removeprefix("preset:")])
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+
+
+def build(model_path: str, gc: bool, device: str = "cuda", attention: str = "auto", compile_layers: bool = True,
+          compile_head: bool = True):
+    import torch
 
     from services.trainer.engine import Engine, EngineConfig
     from services.trainer.loss import LossConfig
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16,
-                                                 attn_implementation=attn).to(device)
+    model = load_model(model_path, device)
     model.config.use_cache = False
     if gc:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    cls = flex_engine_class() if attn == "flex_attention" else Engine
-    return cls(model, opt, sched, EngineConfig(LossConfig(0.2, 0.2, 1.0, 2.0), autocast=torch.bfloat16))
+    return Engine(model, opt, sched, EngineConfig(LossConfig(0.2, 0.2, 1.0, 2.0), autocast=torch.bfloat16,
+                                                  attention=attention, compile_layers=compile_layers,
+                                                  compile_head=compile_head))
 
 
-def time_layout(engine, rows, tree: bool, steps: int, warmup: int) -> dict:
+def step_times(engine, mb, tree: bool, opts: dict, n: int) -> tuple[list[float], dict]:
+    """n synchronised train_step wall times and the last step's stats."""
     import torch
 
-    from services.trainer.packing import MicroBatch
-
-    mb = MicroBatch(rows=rows, num_terms=sum(r.num_terms for r in rows))
-    engine.cfg.tree = tree
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for i in range(warmup + steps):
+    engine.cfg.tree, engine.cfg.vocab_chunk = tree, opts["chunk"]
+    for i, layer in enumerate(engine.model.base_model.layers):
+        layer.gradient_checkpointing = bool(opts["gc_every"]) and i % opts["gc_every"] == 0
+    times, out = [], {}
+    for _ in range(n):
         torch.cuda.synchronize()
         t = time.perf_counter()
         out = engine.train_step([mb])
         torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
-    return dict(step_s=statistics.median(times), loss=out["loss"],
-                peak_mem_GiB=round(torch.cuda.max_memory_allocated() / 2**30, 1))
+        times.append(time.perf_counter() - t)
+    return times, out
 
 
-def run(a) -> list[dict]:
+def graphs() -> int:
+    """Dynamo graphs compiled so far in this process."""
+    import torch._dynamo.utils as du
+
+    return du.counters["stats"]["unique_graphs"]
+
+
+@contextmanager
+def turn(barrier: str | None, label: str, count: int, wait_s: float = 300.0):
+    """Wait (at most wait_s) until `count` processes have warmed up, then hold DIR/lock."""
+    if not barrier:
+        yield
+        return
+    folder = Path(barrier)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{label}.warm").touch()
+    deadline = time.monotonic() + wait_s
+    while len(list(folder.glob("*.warm"))) < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def layout_rows(a, vocab: int) -> dict:
+    """base layout -> (rows, tree flag); all from the same seed's samples."""
+    samples = make_samples(a.groups, a.group_size, a.prompt, a.completion, vocab)
+    tree = tree_rows(samples, a.group_size)
+    other = {k: make_samples(a.groups, a.group_size, a.prompt, a.completion + d, vocab, seed=k)
+             for k, d in ((2, -37), (3, 61))}
+    return {"tree": (tree, True), "packed": (plain_rows(samples, a.group_size), True), "padded": (tree, False),
+            **{f"tree{k}": (tree_rows(s, a.group_size), True) for k, s in other.items()}}
+
+
+def mask_ms(row) -> float:
+    """Median ms to build one row's BlockMask (padding and host->device copy included)."""
     import torch
 
-    names = a.layouts.split(",")
-    engines = {"sdpa": build(a.model, not a.no_gc)}
-    if any(n.endswith("_flex") for n in names):
-        engines["flex"] = build(a.model, not a.no_gc, attn="flex_attention")
-    n_params = sum(p.numel() for p in engines["sdpa"].model.parameters())
-    samples = make_samples(a.groups, a.group_size, a.prompt, a.completion, engines["sdpa"].model.config.vocab_size)
-    tokens = sum(len(s) for s in samples)
-    tree, packed = tree_rows(samples, a.group_size), plain_rows(samples, a.group_size)
-    layouts = {"tree": (tree, True, "sdpa"), "packed": (packed, True, "sdpa"), "padded": (tree, False, "sdpa"),
-               "tree_flex": (tree, True, "flex"), "packed_flex": (packed, True, "flex")}
-    out = []
-    for name in names:
-        rows, is_tree, eng = layouts[name]
-        computed = sum(len(r.input_ids) for r in rows) if is_tree else tokens
+    from services.trainer import tree_attention as ta
+
+    times = []
+    for _ in range(10):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        _, _, end = ta.pad_tree(row.input_ids, row.position_ids, row.subtree_end, ta.padded_length(row.num_tokens))
+        ta.block_mask(torch.tensor(end, device="cuda"))
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return round(statistics.median(times) * 1e3, 2)
+
+
+def profile_step(engine, mb, tree: bool, opts: dict, path: Path, title: str) -> None:
+    """One profiled step: the top kernels/ops by device time, and how busy the GPU was."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    step_times(engine, mb, tree, opts, 1)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall = sum(step_times(engine, mb, tree, opts, 1)[0])
+    avg = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in avg) / 1e6
+    with open(path, "a") as f:
+        f.write(f"\n## {title}: step {wall:.3f} s (profiled), kernels {busy:.3f} s busy\n")
+        f.write(avg.table(sort_by="self_device_time_total", row_limit=35, max_name_column_width=60))
+    print(f"[profile] {title}: step {wall:.3f} s, kernels {busy:.3f} s", flush=True)
+    torch.cuda.synchronize()
+
+
+def run(a, emit) -> None:
+    """Warm every layout, then (in this process's turn) time each and `emit` its JSON row."""
+    import torch
+
+    specs = a.layouts.split(",")
+    engines: dict = {}
+
+    def engine(key: tuple[str, bool, bool]):
+        if key not in engines:
+            engines[key] = build(a.model, not a.no_gc, attention=key[0], compile_layers=key[1], compile_head=key[2])
+        return engines[key]
+
+    first = engine(parse_layout(specs[0])[1])
+    n_params = sum(p.numel() for p in first.model.parameters())
+    rows = layout_rows(a, first.model.config.vocab_size)
+    results = {}
+    for spec in specs:  # warm (compile) every layout first
+        base, key, opts = parse_layout(spec)
+        g0 = graphs()
         try:
-            t = time.perf_counter()
-            r = time_layout(engines[eng], rows, is_tree, a.steps, a.warmup)
-            r["wall_s"] = round(time.perf_counter() - t, 1)  # warm-up (compiles) included
+            warm, _ = step_times(engine(key), _mb(rows[base][0]), rows[base][1], opts, a.warmup)
+            results[spec] = dict(first_step_s=round(warm[0], 2), warm_graphs=graphs() - g0)
         except Exception as exc:  # noqa: BLE001  (OOM, compile failure: recorded, next layout)
-            r = dict(error=f"{type(exc).__name__}: {str(exc)[:160]}")
+            results[spec] = dict(error=f"{type(exc).__name__}: {str(exc)[:300]}")
             torch.cuda.empty_cache()
-        if "step_s" in r:
-            r.update(tokens_per_s=round(tokens / r["step_s"]), mfu=round(6 * n_params * tokens / r["step_s"] / PEAK, 3),
-                     hw_mfu=round(6 * n_params * computed / r["step_s"] / PEAK, 3), step_s=round(r["step_s"], 3))
-        row = dict(label=a.label, layout=name, params_M=round(n_params / 1e6), tokens=tokens,
-                   computed_tokens=computed, groups=a.groups, group_size=a.group_size, prompt=a.prompt,
-                   completion=a.completion, grad_ckpt=not a.no_gc, gpu=torch.cuda.get_device_name(), **r)
-        print("[train]", json.dumps(row), flush=True)
-        out.append(row)
-    return out
+        print("[warm]", spec, json.dumps(results[spec]), flush=True)
+    with turn(a.barrier, a.label, a.barrier_count):
+        print("[mask]", a.label, "BlockMask of one tree row, ms:", mask_ms(rows["tree"][0][0]), flush=True)
+        for spec in specs:
+            emit(_timed(a, spec, engine, rows, results[spec], n_params))
+        for spec in filter(None, (a.profile or "").split(",")):
+            base, key, opts = parse_layout(spec)
+            try:
+                profile_step(engine(key), _mb(rows[base][0]), rows[base][1], opts,
+                             Path(a.profile_out or f"{a.label}_profile.txt"), f"{a.label} {spec}")
+            except Exception as exc:  # noqa: BLE001
+                print("[profile]", spec, "failed:", repr(exc)[:300], flush=True)
+
+
+def _mb(rows):
+    from services.trainer.packing import MicroBatch
+
+    return MicroBatch(rows=rows, num_terms=sum(r.num_terms for r in rows))
+
+
+def _timed(a, spec: str, engine, rows, r: dict, n_params: int) -> dict:
+    """Time one warmed layout; one JSON row with tokens/s, MFU and compile cost."""
+    import torch
+
+    base, key, opts = parse_layout(spec)
+    lrows, tree = rows[base]
+    tokens = sum(len(s) for row in lrows for s in row.samples)
+    computed = sum(row.num_tokens for row in lrows) if tree else tokens
+    try:
+        if "error" in r:
+            raise RuntimeError(r["error"])
+        torch.cuda.reset_peak_memory_stats()
+        g0 = graphs()
+        times, stats = step_times(engine(key), _mb(lrows), tree, opts, a.steps)
+        step = statistics.median(times)
+        r.update(step_s=round(step, 3), steps_s=[round(t, 3) for t in times], loss=stats["loss"],
+                 timed_graphs=graphs() - g0,
+                 fwd_bwd_s=round(stats["perf/forward_backward_s"], 3), optim_s=round(stats["perf/optimizer_s"], 3),
+                 compile_s=round(r["first_step_s"] - step, 1), tokens_per_s=round(tokens / step),
+                 mfu=round(6 * n_params * tokens / step / PEAK, 3),
+                 hw_mfu=round(6 * n_params * computed / step / PEAK, 3),
+                 peak_mem_GiB=round(torch.cuda.max_memory_allocated() / 2**30, 1))
+    except Exception as exc:  # noqa: BLE001
+        r.setdefault("error", f"{type(exc).__name__}: {str(exc)[:300]}")
+        torch.cuda.empty_cache()
+    row = dict(label=a.label, layout=spec, params_M=round(n_params / 1e6), tokens=tokens,
+               computed_tokens=computed, groups=a.groups, group_size=a.group_size, prompt=a.prompt,
+               completion=a.completion, grad_ckpt=not a.no_gc, gpu=torch.cuda.get_device_name(),
+               torch=torch.__version__, **r)
+    print("[train]", json.dumps(row), flush=True)
+    return row
 
 
 def main() -> int:
@@ -212,30 +322,38 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=1024)
     ap.add_argument("--completion", type=int, default=512)
     ap.add_argument("--layouts", default="tree,packed,padded")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--no-gc", action="store_true", help="gradient checkpointing off")
+    ap.add_argument("--profile", help="layouts (comma-separated) to profile for one step after timing")
+    ap.add_argument("--profile-out")
+    ap.add_argument("--barrier", help="folder shared by processes that compile together, then time in turn")
+    ap.add_argument("--barrier-count", type=int, default=1)
     ap.add_argument("--results")
     ap.add_argument("--table")
     a = ap.parse_args()
     if a.table:
         return print_table(a.table)
-    rows = run(a)
-    if a.results:
-        with open(a.results, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    def emit(row: dict) -> None:
+        if a.results:
+            with open(a.results, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    try:
+        run(a, emit)
+    finally:  # a process that failed early must not hold the others at the barrier
+        if a.barrier:
+            Path(a.barrier, f"{a.label}.warm").touch()
     return 0
 
 
 def print_table(path: str) -> int:
     rows = [json.loads(x) for x in open(path) if x.strip()]
-    print(f"{'model':<12}{'layout':>8}{'tokens':>8}{'computed':>9}{'step s':>8}{'tokens/s':>10}"
-          f"{'MFU':>7}{'hw MFU':>8}{'peak GiB':>9}")
+    cols = [("step_s", 7), ("tokens_per_s", 9), ("mfu", 6), ("hw_mfu", 7), ("compile_s", 8), ("warm_graphs", 6),
+            ("timed_graphs", 6), ("peak_mem_GiB", 6)]
+    print(f"{'model':<11}{'layout':<18}{'tokens':>7}{'comp.':>7}" + "".join(f"{c[:8]:>{w + 1}}" for c, w in cols))
     for r in rows:
-        print(f"{r['label']:<12}{r['layout']:>8}{r['tokens']:>8}{r['computed_tokens']:>9}"
-              f"{r.get('step_s', '-')!s:>8}{r.get('tokens_per_s', '-')!s:>10}{r.get('mfu', '-')!s:>7}"
-              f"{r.get('hw_mfu', '-')!s:>8}{r.get('peak_mem_GiB', '-')!s:>9}  {r.get('error', '')}")
+        print(f"{r['label']:<11}{r['layout']:<18}{r['tokens']:>7}{r['computed_tokens']:>7}"
+              + "".join(f"{r.get(c, '-')!s:>{w + 1}}" for c, w in cols) + f"  {r.get('error', '')[:120]}")
     return 0
 
 

@@ -2,11 +2,13 @@
 
 Tree forward: a row's unique tokens go through the decoder once, with RoPE positions
 = trie depth and attention restricted to each token's ancestors (its own sample's
-prefix). On GPU with a flash-attention varlen kernel this is the gathered-K/V tree
-attention over `tree_kv_index`; the path implemented here passes the same relation as
-a dense boolean [N, N] mask to SDPA, which is exact on every device (CPU included)
-and costs O(N^2) mask memory. The unpacked path forwards each sample as its own padded
-row; both give the same per-term logprobs (tests/unit/trainer/test_trainer_engine.py).
+prefix). On CUDA the relation is a flex_attention BlockMask over the pre-order
+intervals `subtree_end` (services/trainer/tree_attention.py; rows padded to the 128-token
+block), and on one GPU the decoder layers and the logprob head are torch.compile'd too;
+elsewhere (and with `attention="sdpa"`) it is a dense boolean [N, N] mask to SDPA, exact
+on every device and O(N^2) in memory. The unpacked path forwards each sample as its own
+padded row; all give the same per-term logprobs (tests/unit/trainer/test_trainer_engine.py,
+tests/unit/trainer/test_tree_attention.py, tests/gpu/test_gpu_train.py).
 
 Every use of a parameter (decoder and the chunked-vocab head) runs inside one call of
 `RootForward`, the module FSDP2 shards as its root (services/trainer/fsdp.py), so its
@@ -23,18 +25,9 @@ from functools import partial
 
 import torch
 
+from . import tree_attention
 from .loss import LossConfig, chunked_logprobs, normalised_loss, per_term_loss, policy_stats
 from .packing import MicroBatch, PackedRow
-
-
-def ancestor_mask(parent: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
-    """[N, N] bool: token i may attend to j iff j is i or one of its trie ancestors."""
-    n = len(parent)
-    allow = torch.eye(n, dtype=torch.bool)
-    for i, p in enumerate(parent):  # pre-order: a parent's row is complete before its children
-        if p >= 0:
-            allow[i] |= allow[p]
-    return allow.to(device)
 
 
 def _decoder(model):
@@ -80,7 +73,15 @@ def _sharded(module: torch.nn.Module) -> bool:
 
 @dataclass
 class EngineConfig:
-    """Loss settings plus how the forward runs."""
+    """Loss settings plus how the forward runs.
+
+    attention: how tree rows attend. auto = flex (BlockMask) on CUDA, dense-mask SDPA
+    elsewhere; "flex" on CPU runs flex eagerly (tests); "sdpa" forces the dense mask.
+    compile_layers / compile_head: torch.compile each decoder layer (flex path) and the
+    chunked-vocab logprobs (same maths, the fp32 logit passes fused). CUDA and a single
+    process only: eager, the step is bound by kernel launches and memory-bound passes
+    (docs/gpu.md), and compile under FSDP2 is untested.
+    """
 
     loss: LossConfig
     max_grad_norm: float = 1.0
@@ -90,6 +91,9 @@ class EngineConfig:
     router_aux_loss_coef: float | None = None  # None: the model config's coefficient
     fp32_head: bool = False
     """Project the final hidden states with an fp32 LM head (cast_lm_head_to_fp32)."""
+    attention: str = "auto"
+    compile_layers: bool = True
+    compile_head: bool = True
 
 
 class Engine:
@@ -116,6 +120,13 @@ class Engine:
             self.aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0
         self.last_aux: torch.Tensor | None = None
         self.version: int | None = None  # set by train_step, for per-staleness diagnostics
+        self.flex = _use_flex(cfg.attention, self.device)
+        compiled = self.device.type == "cuda" and self.world == 1
+        if self.flex:
+            tree_attention.install(model)
+            if cfg.compile_layers and compiled:
+                tree_attention.compile_layers(_decoder(model))
+        self.logprobs = torch.compile(chunked_logprobs) if cfg.compile_head and compiled else chunked_logprobs
 
     def _autocast(self):
         if self.cfg.autocast is None:
@@ -127,11 +138,10 @@ class Engine:
         tree = self.cfg.tree if tree is None else tree
         dev = self.device
         if tree:
-            ids = torch.tensor([row.input_ids], device=dev)
-            pos = torch.tensor([row.position_ids], device=dev)
-            mask = ancestor_mask(row.parent, dev)[None, None]
+            ids, pos, mask = self._tree_inputs(row)
             out = self._decode(input_ids=ids, position_ids=pos, attention_mask=mask)
-            self._router_aux(out, None)
+            real = None if ids.shape[1] == row.num_tokens else torch.arange(ids.shape[1], device=dev) < row.num_tokens
+            self._router_aux(out, None if real is None else real[None].long())  # pads stay out of the balance
             return out.last_hidden_state[0][torch.tensor(row.token_index, device=dev)]
         longest = max(len(s) for s in row.samples)
         ids = torch.zeros(len(row.samples), longest, dtype=torch.long)
@@ -145,6 +155,17 @@ class Engine:
         seg = torch.tensor(row.segment_id, device=dev)
         spos = torch.tensor(row.sample_position, device=dev)
         return hidden[seg, spos]
+
+    def _tree_inputs(self, row: PackedRow):
+        """input_ids, position_ids [1, N'] and the ancestor mask (BlockMask, or dense [1, 1, N, N]).
+
+        The flex path pads to whole blocks (N' >= N; pads are never attended, never read)."""
+        ids, pos, end = row.input_ids, row.position_ids, row.subtree_end
+        if self.flex:
+            ids, pos, end = tree_attention.pad_tree(ids, pos, end, tree_attention.padded_length(len(ids)))
+        end_t = torch.tensor(end, device=self.device)
+        mask = tree_attention.block_mask(end_t) if self.flex else tree_attention.dense_mask(end_t)[None, None]
+        return (torch.tensor([ids], device=self.device), torch.tensor([pos], device=self.device), mask)
 
     def _decode(self, **inputs):
         if self.moe is not None:
@@ -172,7 +193,7 @@ class Engine:
         if self.cfg.fp32_head:  # logits in fp32 (GRPOConfig's cast_lm_head_to_fp32): less mismatch
             hidden, weight = hidden.float(), weight.float()
             bias = None if bias is None else bias.float()
-        return chunked_logprobs(hidden, weight, labels, self.cfg.loss.temperature, self.cfg.vocab_chunk, bias)
+        return self.logprobs(hidden, weight, labels, self.cfg.loss.temperature, self.cfg.vocab_chunk, bias)
 
     def row_loss(self, row: PackedRow, global_terms: int, world: int, grad_accum: int = 1,
                  rows_per_rank: float | None = None):
@@ -266,6 +287,15 @@ class Engine:
         if self.world > 1:
             total, _ = _gather_stats(total, {})
         return total
+
+
+def _use_flex(attention: str, device: torch.device) -> bool:
+    """auto: flex_attention on CUDA (the compiled kernel); the dense SDPA mask elsewhere."""
+    if attention not in ("auto", "flex", "sdpa"):
+        raise ValueError(f"attention must be auto, flex or sdpa, not {attention!r}")
+    if attention == "auto":
+        return device.type == "cuda"
+    return attention == "flex"
 
 
 def _clip_sharded(params: list[torch.Tensor], max_norm: float) -> float:

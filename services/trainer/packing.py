@@ -38,11 +38,10 @@ def sample_keys(sample: Sample) -> list[_NodeKey]:
 class PackedRow:
     """One rank's row, collated: unique tokens plus the loss-term list.
 
-    Over the N unique tokens: input_ids, position_ids (trie depth), parent (packed
-    index of the parent node, -1 for roots), shift_labels (-100 where unscored).
-    Segments (unary chains) give the varlen tree-attention layout: tree_cu_seqlens_q
-    marks segment boundaries, tree_kv_index lists each segment's root-to-segment path,
-    tree_cu_seqlens_k delimits those paths.
+    Over the N unique tokens (in trie pre-order): input_ids, position_ids (trie depth),
+    parent (packed index of the parent node, -1 for roots), subtree_end (the last packed
+    index inside the node's subtree, so kv is an ancestor-or-self of q iff
+    kv <= q <= subtree_end[kv]: the tree-attention mask), shift_labels (-100 where unscored).
     Over the M terms: token_index, labels, old_logprobs, advantages, segment_id (the
     sample's slot in the row) and sample_position (p - 1, for the unpacked path).
     """
@@ -50,11 +49,8 @@ class PackedRow:
     input_ids: list[int]
     position_ids: list[int]
     parent: list[int]
+    subtree_end: list[int]
     shift_labels: list[int]
-    tree_cu_seqlens_q: list[int]
-    tree_cu_seqlens_k: list[int]
-    tree_kv_index: list[int]
-    tree_max_seqlens: tuple[int, int]
     token_index: list[int]
     labels: list[int]
     old_logprobs: list[float]
@@ -132,11 +128,10 @@ class TreeRow:
         self.trained += sample.num_terms
 
     def pack(self) -> PackedRow:
-        """Collate: DFS pre-order of the trie, segments, and the term list."""
+        """Collate: DFS pre-order of the trie, subtree intervals, and the term list."""
         order = self._preorder()
         pos = {node: i for i, node in enumerate(order)}
         parent = [pos[self.parent[n]] if self.parent[n] >= 0 else -1 for n in order]
-        cu_q, cu_k, kv, max_q, max_k = _segments(parent)
         labels_at = [-100] * len(order)
         term = {k: [] for k in ("token_index", "labels", "old", "adv", "seg", "spos")}
         for slot, (sample, path) in enumerate(zip(self.samples, self.paths)):
@@ -154,8 +149,8 @@ class TreeRow:
                 term["spos"].append(p - 1)
         return PackedRow(
             input_ids=[self.tokens[n] for n in order], position_ids=[self.depth[n] for n in order],
-            parent=parent, shift_labels=labels_at, tree_cu_seqlens_q=cu_q, tree_cu_seqlens_k=cu_k,
-            tree_kv_index=kv, tree_max_seqlens=(max_q, max_k), token_index=term["token_index"],
+            parent=parent, subtree_end=subtree_end(parent), shift_labels=labels_at,
+            token_index=term["token_index"],
             labels=term["labels"], old_logprobs=term["old"], advantages=term["adv"],
             segment_id=term["seg"], sample_position=term["spos"], samples=list(self.samples))
 
@@ -169,35 +164,17 @@ class TreeRow:
         return out
 
 
-def _segments(parent: list[int]) -> tuple[list[int], list[int], list[int], int, int]:
-    """Unary chains of a pre-ordered trie and, per segment, its root-to-segment key path."""
-    n = len(parent)
-    num_children = [0] * n
-    for p in parent:
-        if p >= 0:
-            num_children[p] += 1
-    starts = [i for i in range(n) if parent[i] < 0 or parent[i] != i - 1 or num_children[parent[i]] != 1]
-    bounds = starts + [n]
-    cu_q, cu_k, kv = [0], [0], []
-    seg_path: dict[int, list[int]] = {}  # segment start -> kv path through the segment's end
-    max_q = max_k = 0
-    for s, e in zip(bounds, bounds[1:]):
-        ancestors = seg_path[_segment_start(parent, s, seg_path)] if parent[s] >= 0 else []
-        path = ancestors + list(range(s, e))
-        seg_path[s] = path
-        kv.extend(path)
-        cu_q.append(e)
-        cu_k.append(len(kv))
-        max_q, max_k = max(max_q, e - s), max(max_k, len(path))
-    return cu_q, cu_k, kv, max_q, max_k
+def subtree_end(parent: list[int]) -> list[int]:
+    """Pre-order layout: the last index inside each node's subtree (its own index for a leaf).
 
-
-def _segment_start(parent: list[int], s: int, seg_path: dict[int, list[int]]) -> int:
-    """Start of the (already visited) segment that ends at s's parent."""
-    j = parent[s]
-    while j not in seg_path:
-        j -= 1
-    return j
+    A child comes after its parent in pre-order, so one backward pass settles every node.
+    """
+    end = list(range(len(parent)))
+    for i in range(len(parent) - 1, -1, -1):
+        p = parent[i]
+        if p >= 0 and end[i] > end[p]:
+            end[p] = end[i]
+    return end
 
 
 @dataclass

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from services.common.config import AgrpoConfig
-from services.trainer.engine import ancestor_mask
 from services.trainer.packing import TokenBudgetBatcher, iter_batches
 from services.trainer.setup import build_engine
 
@@ -17,12 +16,6 @@ def engine(tiny_model_dir):
                       temperature=0.9)
     eng, _, _ = build_engine(cfg, str(tiny_model_dir))
     return eng
-
-
-def test_ancestor_mask():
-    m = ancestor_mask([-1, 0, 1, 1, -1])
-    assert m.tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0],
-                          [0, 0, 0, 0, 1]]
 
 
 def test_tree_and_unpacked_forwards_agree(engine, make_groups):

@@ -18,9 +18,7 @@ def test_group_shares_prompt_and_forks_one_token_early(make_sample):
     assert packed.input_ids == [5, 6, 7, 8, 9, 7, 10, 11, 12]
     assert packed.position_ids == [0, 1, 2, 3, 4, 2, 3, 4, 5]
     assert packed.parent == [-1, 0, 1, 2, 3, 1, 5, 6, 7]
-    assert packed.tree_cu_seqlens_q == [0, 2, 5, 9]  # shared chain, then one segment per branch
-    assert packed.tree_kv_index == [0, 1, 0, 1, 2, 3, 4, 0, 1, 5, 6, 7, 8]
-    assert packed.tree_max_seqlens == (4, 6)
+    assert packed.subtree_end == [8, 8, 4, 4, 4, 8, 8, 8, 8]  # pre-order: node 1's subtree is 1..8
 
 
 def test_terms_are_explicit_and_labels_match(make_sample):
