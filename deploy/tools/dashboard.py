@@ -42,6 +42,26 @@ ROWS = [
           ("sum(rate(agrpo_trainer_samples_received_total[1m]))", "received (trainer)"),
           ("sum(rate(agrpo_trainer_samples_trained_total[1m]))", "trained")]),
     ]),
+    ("Async efficiency", [
+        ("Trainer idle (whole run rate)", "timeseries", "percentunit",
+         "Share of the training loop's time spent waiting for samples (5 min); pacing aims at <= 5% "
+         "when generation is faster than training.",
+         [("sum(rate(agrpo_trainer_idle_seconds_total[5m])) / (sum(rate(agrpo_trainer_idle_seconds_total[5m])) "
+           "+ sum(rate(agrpo_trainer_busy_seconds_total[5m])))", "trainer idle")]),
+        ("Generation in flight", "timeseries", "short",
+         "Requests at vLLM, the credits rollout holds unused, and the pacing window.",
+         [("sum(agrpo_rollout_inflight_requests)", "in flight"), ("sum(agrpo_rollout_credits_available)", "credits"),
+          ("max(agrpo_trainer_pacing_window_samples)", "window")]),
+        ("Generation idle", "timeseries", "percentunit",
+         "Share of the time since generation started with no request at vLLM.",
+         [("max(agrpo_rollout_generation_idle_fraction)", "generation idle")]),
+        ("Dropped stale / generated", "timeseries", "percentunit",
+         "Generated samples thrown away as stale (goal <= 2%).",
+         [("max(agrpo_rollout_dropped_stale_share)", "stale share")]),
+        ("Trainer/vLLM mismatch (k3 KL)", "timeseries", "none",
+         "Mean per-token k3 KL between the trainer's logprobs at step start and vLLM's (staleness included).",
+         [("max(agrpo_trainer_mismatch_k3_kl)", "k3 KL")]),
+    ]),
     ("Reward", [
         ("Reward mean", "timeseries", "none", "Mean reward of scored samples (5 min) and of the last group.",
          [(avg_hist("agrpo_rollout_reward"), "mean (5m)"), ("avg(agrpo_rollout_reward_mean)", "last group")]),

@@ -152,6 +152,7 @@ class RolloutApp:
             idle = self.engine.idle
             m.generation_idle.set(idle.idle_s / idle.total_s if idle.total_s else 0.0)
             m.credits.set(self.engine.credits_available)
+            m.stale_share.set(self.engine.dropped_stale_share)
             if tick % 5 == 0:
                 for s in self.balancer.servers:
                     if s.up:

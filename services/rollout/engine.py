@@ -86,6 +86,12 @@ class Engine:
         return (len(self.generating) + self.scoring_groups) * self.G
 
     @property
+    def dropped_stale_share(self) -> float:
+        """Generated samples later dropped as stale (here or at the trainer) / generated."""
+        stale = sum(n for reason, n in self.drops.items() if reason.startswith("stale") and reason != "stale_inflight")
+        return stale * self.G / self.samples_generated if self.samples_generated else 0.0
+
+    @property
     def credits_available(self) -> int:
         """Trainer credits not committed to a group generating, scoring or waiting to be sent."""
         return self.sender.credits - self.sender.unsent_count - self.pipeline_samples

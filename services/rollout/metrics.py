@@ -38,3 +38,5 @@ class RolloutMetrics:
         self.generation_idle = m.gauge("generation_idle_fraction",
                                        "Share of the time since generation started with no request in flight")
         self.credits = m.gauge("credits_available", "Trainer credits not yet committed to a dispatched group")
+        self.stale_share = m.gauge("dropped_stale_share",
+                                   "Samples dropped as stale (here or at the trainer) / samples generated")

@@ -301,6 +301,7 @@ class TrainerLoop:
         self.metrics.idle.set(metrics.get("perf/idle_fraction", 0.0))
         self.metrics.buffered.set(len(self.buffer))
         self.metrics.pacing_window.set(self.pace.window)
+        self.metrics.mismatch_kl.set(metrics.get("mismatch/k3_kl_mean", 0.0))
         idle, total = self.idle.idle_s, self.idle.total_s
         seen_idle, seen_total = self._clock_seen
         self.metrics.idle_seconds.inc(max(0.0, idle - seen_idle))

@@ -40,6 +40,8 @@ class TrainerMetrics:
         self.busy_seconds = m.counter("busy_seconds", "Seconds the training loop trained, synced or logged.")
         self.pacing_window = m.gauge("pacing_window_samples",
                                      "Samples rollout may have between dispatch and training (pacing).")
+        self.mismatch_kl = m.gauge("mismatch_k3_kl",
+                                   "Mean per-token k3 KL between the trainer's and vLLM's logprobs, last step.")
         self.step_time = m.histogram("step_seconds", "Wall time of one optimizer step (compute).")
         self.tokens_per_s = m.gauge("tokens_per_second", "Forwarded tokens per second of compute.")
         self.sync_time = m.histogram("weight_sync_seconds", "Weight-sync time per phase.", ("phase",))
