@@ -28,9 +28,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-STALE_AT_ROLLOUT = ("stale_generated", "stale_scored", "stale_buffered")
-
-
 def _vals(rows: list[dict], key: str) -> list[float]:
     return [float(r[key]) if isinstance(r.get(key), (int, float)) else 0.0 for r in rows]
 
@@ -53,14 +50,16 @@ def run_numbers(summary: dict, rows: list[dict], warmup: int, group_size: int, g
     span = steady[-1]["time"] - rows[warmup - 1]["time"] if warmup > 0 else steady[-1]["time"] - steady[0]["time"]
     step_s = span / max(len(steady), 1)
     wait = statistics.fmean(_vals(steady, "perf/wait_s"))
-    drops = summary.get("rollout_drops", {})
-    stale = summary.get("trainer_dropped", {}).get("stale", 0) + group_size * sum(drops.get(k, 0) for k in STALE_AT_ROLLOUT)
+    from services.demo.report import stale_share
+
+    stale, share = stale_share(summary, group_size)
     generated = summary.get("samples_generated", 0)
+    drops = summary.get("rollout_drops", {})
     gen_s = summary.get("generation_s", 0.0)
     return {"steps": len(rows), "step_s": step_s, "tg": wait, "tt": step_s - wait,
             "trainer_idle": sum(_vals(steady, "perf/wait_s")) / span if span > 0 else math.nan,
             "generation_idle": summary.get("generation_idle_s", 0.0) / gen_s if gen_s else math.nan,
-            "stale_share": stale / generated if generated else math.nan, "stale_samples": stale,
+            "stale_share": share, "stale_samples": stale,
             "generated": generated, "aborted_in_flight": drops.get("stale_inflight", 0),
             "reward_last10": summary.get("reward_last10"), "time_to_good_s": time_to_reward(rows, good),
             "max_trained_staleness": summary.get("max_trained_staleness")}

@@ -93,7 +93,22 @@ def _stale_dropped(rows: list[dict], status: dict) -> int:
     return int(max(from_rows, status.get("trainer_dropped", {}).get("stale", 0)))
 
 
-def summary(rows: list[dict], wall_s: float, max_staleness: int, status: dict | None = None) -> dict:
+STALE_AT_ROLLOUT = ("stale_generated", "stale_scored", "stale_buffered")
+"""Rollout's drop reasons for generated groups it threw away as stale (stale_inflight were
+aborted unfinished; stale_trainer are the trainer's own drops, counted there)."""
+
+
+def stale_share(status: dict, group_size: int) -> tuple[int, float]:
+    """(generated samples dropped as stale, that / samples generated), from the last statuses."""
+    drops = status.get("rollout_drops", {})
+    stale = status.get("trainer_dropped", {}).get("stale", 0) + group_size * sum(drops.get(k, 0)
+                                                                              for k in STALE_AT_ROLLOUT)
+    generated = status.get("samples_generated", 0)
+    return stale, (stale / generated if generated else float("nan"))
+
+
+def summary(rows: list[dict], wall_s: float, max_staleness: int, status: dict | None = None,
+            group_size: int = 8) -> dict:
     """The numbers the demo ends with (also written as summary.json). `status` holds what
     the trainer's and rollout's GetStatus said last (see processes.status_numbers)."""
     status = status or {}
@@ -112,6 +127,7 @@ def summary(rows: list[dict], wall_s: float, max_staleness: int, status: dict | 
             "rollout_dropped_stale": sum(n for k, n in rollout_drops.items() if k.startswith("stale")),
             "rollout_drops": rollout_drops,
             "weight_sync_ms": sync_ms(rows),
+            "dropped_stale_share": stale_share(status, group_size)[1],
             **{k: v for k, v in status.items() if k not in ("trainer_dropped", "rollout_drops")}}
 
 
@@ -124,7 +140,8 @@ def closing_lines(result: dict) -> list[str]:
                 f"samples trained {result['samples_trained']} | dropped as stale: trainer "
                 f"{result['samples_dropped_stale']}, rollout {result['rollout_dropped_stale']} | "
                 f"max staleness of a trained sample {result['max_trained_staleness']} "
-                f"(limit {result['max_staleness']})")
+                f"(limit {result['max_staleness']}) | stale / generated "
+                f"{100 * result.get('dropped_stale_share', float('nan')):.1f}%")
     lines = [reward, versions]
     sync = result.get("weight_sync_ms") or {}
     if sync:

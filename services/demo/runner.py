@@ -218,7 +218,8 @@ def _write_summary(opts: DemoOptions, wall_s: float, cfg: dict | None, watch: _W
     """summary.json (+ the plot) from the metrics written so far and the last statuses."""
     rows = report.read_steps(opts.out / "metrics.jsonl")
     max_staleness = cfg["max_staleness"] if cfg else opts.max_staleness
-    result = report.summary(rows, wall_s, max_staleness, watch.numbers() if watch else {})
+    result = report.summary(rows, wall_s, max_staleness, watch.numbers() if watch else {},
+                            cfg["num_generations"] if cfg else 8)
     result.update(info)
     result["plot"] = str(report.plot(rows, opts.out / "reward_loss.png")) if rows else None
     (opts.out / "summary.json").write_text(json.dumps(result, indent=2))
