@@ -12,6 +12,7 @@ import asyncio
 import functools
 import importlib
 import inspect
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import builtins
+from .results import TimedOut
 
 RESERVED_ARGS = ("prompts", "completions", "completion_ids")
 
@@ -129,7 +131,7 @@ def load(spec: FunctionSpec) -> tuple[Callable[..., Any], FunctionInfo]:
 
 
 def invoke(fn: Callable[..., Any], kwargs: dict[str, Any],
-           loop: asyncio.AbstractEventLoop) -> list[float | None]:
+           loop: asyncio.AbstractEventLoop) -> list[float | TimedOut | None]:
     """Call `fn` the TRL way (awaiting it when async) and coerce its result to plain floats."""
     out = fn(**kwargs)
     if inspect.isawaitable(out):
@@ -137,21 +139,24 @@ def invoke(fn: Callable[..., Any], kwargs: dict[str, Any],
     return coerce_output(out)
 
 
-def coerce_output(out: Any) -> list[float | None]:
-    """A list of float-or-None from what a function returned; TypeError when it is not one."""
+def coerce_output(out: Any) -> list[float | TimedOut | None]:
+    """A list of float-or-None (or TimedOut, see deadline.py) from what a function returned;
+    TypeError when it is not one."""
     if out is None:
         raise TypeError("returned None instead of a list (return [None] * n for 'not applicable')")
     if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
         out = out.tolist()  # numpy arrays, torch tensors
     if not isinstance(out, (list, tuple)):
         raise TypeError(f"returned a {type(out).__name__}, expected a list of floats")
-    values: list[float | None] = []
+    values: list[float | TimedOut | None] = []
     for i, value in enumerate(out):
-        if value is None:
-            values.append(None)
+        if value is None or isinstance(value, TimedOut):
+            values.append(value)
             continue
         try:
             values.append(float(value))
+        except OverflowError:  # an int beyond the double range: non-finite, so FAILED
+            values.append(math.inf if value > 0 else -math.inf)
         except (TypeError, ValueError):
             raise TypeError(f"value {i} is a {type(value).__name__}, expected a number or None") from None
     return values

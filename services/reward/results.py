@@ -6,6 +6,10 @@ apply to an item, or that failed on it, is left out of that item's sum. Unlike T
 caller can tell "unscorable" from "scored zero" (TRL then sets its advantage to 0).
 
     total_i = sum over functions f with status OK on item i of  weight_f * value_f,i
+
+The sum is exact, then rounded once; weights and values are finite but their products
+need not be (1e308 * 2), so a total whose magnitude exceeds the double range is +-inf,
+as IEEE arithmetic would give, never an error.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 
 class Status(enum.IntEnum):
@@ -35,6 +40,13 @@ class FunctionScore:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class TimedOut:
+    """What a function returns for an item it ran out of time on (see deadline.py)."""
+
+    reason: str
+
+
 @dataclass
 class ItemScore:
     """Every requested function on one item, and the weighted total."""
@@ -43,7 +55,7 @@ class ItemScore:
     scores: list[FunctionScore] = field(default_factory=list)
 
 
-def per_item(status: str, values: list[float | None] | None, reason: str,
+def per_item(status: str, values: list[float | TimedOut | None] | None, reason: str,
              num_items: int) -> list[tuple[Status, float, str]]:
     """Split one call's outcome ("ok" / "failed" / "timeout") into per-item results."""
     nan = math.nan
@@ -58,6 +70,8 @@ def per_item(status: str, values: list[float | None] | None, reason: str,
     for value in values:
         if value is None:
             out.append((Status.NOT_APPLICABLE, nan, ""))
+        elif isinstance(value, TimedOut):
+            out.append((Status.TIMEOUT, nan, value.reason))
         elif not math.isfinite(value):
             out.append((Status.FAILED, nan, f"returned a non-finite value ({value})"))
         else:
@@ -75,6 +89,24 @@ def combine(names: list[str], weights: list[float],
     for i in range(num_items):
         scores = [FunctionScore(name, *column[i][:2], weight, column[i][2])
                   for name, weight, column in zip(names, weights, columns)]
-        ok = [s.weight * s.value for s in scores if s.status is Status.OK]
-        items.append(ItemScore(total=math.fsum(ok) if ok else math.nan, scores=scores))
+        ok = [(s.weight, s.value) for s in scores if s.status is Status.OK]
+        items.append(ItemScore(total=weighted_sum(ok) if ok else math.nan, scores=scores))
     return items
+
+
+def weighted_sum(terms: list[tuple[float, float]]) -> float:
+    """sum(w * v) over finite pairs, correctly rounded; +-inf past the double range.
+
+    fsum of the products is the fast path; when a product or the running sum overflows,
+    the exact rational sum decides (it may well be finite: 1e308*10 - 1e308*10)."""
+    products = [w * v for w, v in terms]
+    if all(math.isfinite(p) for p in products):
+        try:
+            return math.fsum(products)
+        except OverflowError:
+            pass
+    exact = sum((Fraction(w) * Fraction(v) for w, v in terms), Fraction(0))
+    try:
+        return float(exact)
+    except OverflowError:
+        return math.inf if exact > 0 else -math.inf

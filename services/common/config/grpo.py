@@ -181,14 +181,18 @@ class GRPOArgs(BaseModel):
     """Seconds allowed for one whole weight sync (TRL 1.16.0)."""
 
     # GRPOConfig's off-policy correction (not in AsyncGRPOConfig; names as GRPOConfig 1.16.0)
-    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_correction: bool = True
     """Correct for the trainer/vLLM mismatch (numerics and staleness) by importance sampling:
     the PPO ratio is taken against the trainer's own logprobs at step start and each term is
-    weighted by pi_trainer / pi_vllm (docs/architecture.md, "Off-policy correction")."""
+    weighted by pi_trainer / pi_vllm (docs/architecture.md, "Off-policy correction"). On by
+    default, as in GRPOConfig; false gives TRL AsyncGRPO's loss (clip around vLLM's logprobs),
+    which throws away most of what stale samples teach (docs/from-trl.md)."""
     vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate",
                                            "sequence_mask"] = "token_truncate"
     """How the weights are formed: per token or per sequence; truncated to
-    [clip_min, clip_max], or masked (weight 0, no gradient) outside it."""
+    [clip_min, clip_max], or masked (weight 0, no gradient) outside it. GRPOConfig defaults to
+    sequence_mask; under staleness a sequence's ratio is a product over its tokens and masks
+    most sequences, so the default here is token_truncate."""
     vllm_importance_sampling_clip_max: float | None = Field(3.0, gt=0)
     """Upper bound of the importance weight (None: unbounded)."""
     vllm_importance_sampling_clip_min: float | None = Field(None, ge=0)
