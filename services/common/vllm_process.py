@@ -117,9 +117,8 @@ class VLLMServer:
     # processed_logprobs mode returns logprobs of the distribution actually sampled
     # from (after temperature), which is what GRPO importance ratios need.
     BASE_ARGS = (
-        "--max-model-len", "512", "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
+        "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
         "--enforce-eager",  # skip torch.compile: ~25 s instead of ~60 s start-up
-        "--kv-cache-memory-bytes", "134217728",  # 128 MiB
         "--enable-scale-out",  # enables /inference/v1/generate (per-token weight_versions)
         "--weight-transfer-config", '{"backend":"cpu_http"}',  # our plugin (vllm_plugin/)
         # Our worker extension: on CPU it only answers (and refuses a direct load).
@@ -127,7 +126,8 @@ class VLLMServer:
     )
 
     def __init__(self, model_dir, port: int | None = None, extra_args=(), startup_timeout: float = 240.0,
-                 gpu: GpuProfile | None = None, log_path: Path | None = None, cpus: str | None = None):
+                 gpu: GpuProfile | None = None, log_path: Path | None = None, cpus: str | None = None,
+                 max_model_len: int = 512, kv_cache_gib: float = 0.125):
         self.model_dir = str(Path(model_dir).resolve())  # a relative path reads as a hub id
         self.model_name = self.model_dir  # vLLM's default served model name is the path
         self.port = port or free_port()
@@ -135,6 +135,7 @@ class VLLMServer:
         self.startup_timeout = startup_timeout
         self.gpu = gpu
         self.cpus = cpus
+        self.max_model_len, self.kv_cache_gib = max_model_len, kv_cache_gib  # CPU only (GpuProfile has its own)
         """CPU only: the cores vLLM's model threads are bound to (VLLM_CPU_OMP_THREADS_BIND)."""
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.workdir = Path(tempfile.mkdtemp(prefix="agrpo-vllm-"))
@@ -145,7 +146,9 @@ class VLLMServer:
     def command(self) -> list[str]:
         # `python -m vllm.entrypoints.cli.main` == the `vllm` console script; it
         # needs the "vllm" dist-info shim that scripts/setup_env.sh installs.
-        base = self.gpu.args() if self.gpu else self.BASE_ARGS
+        base = self.gpu.args() if self.gpu else (
+            "--max-model-len", str(self.max_model_len),
+            "--kv-cache-memory-bytes", str(int(self.kv_cache_gib * 2**30)), *self.BASE_ARGS)
         return [str(vllm_python()), "-m", "vllm.entrypoints.cli.main", "serve", self.model_dir,
                 "--host", "127.0.0.1", "--port", str(self.port), *base, *self.extra_args]
 

@@ -21,7 +21,7 @@ from services.common.vllm_process import VLLMServer, free_port, supports_scale_o
 
 from . import gpu as gpu_mode
 from . import models, report
-from .processes import ServiceProcess, agrpo_argv, get_status, is_done, status_numbers
+from services.launcher.processes import ServiceProcess, agrpo_argv, get_status, is_done, status_numbers
 from .task import write_arithmetic_dataset
 
 

@@ -36,7 +36,7 @@ class RewardApp:
         infos = await self.pool.start()
         self.scorer = Scorer(infos, self.pool, self.metrics, max_items=section.max_items,
                              capacity=section.num_workers + section.max_queue,
-                             call_timeout_s=section.call_timeout_s)
+                             num_workers=section.num_workers, call_timeout_s=section.call_timeout_s)
         log.info("reward functions ready", extra={
             "functions": [i.name for i in infos if i.default_enabled],
             "offered": [i.name for i in infos if not i.default_enabled],

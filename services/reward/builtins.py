@@ -6,10 +6,13 @@ metric name (`accuracy_reward`, ...), so `rewards/<name>` logs line up with TRL.
 Differences from TRL, on purpose:
 - Completions may be plain strings (standard format) as well as message lists
   (conversational; the first message's content is scored, as TRL does).
-- math-verify's timeouts are signal based and only work in a main thread. TRL calls
-  reward functions from `asyncio.to_thread`, so it turns them off and a pathological
-  answer can hang scoring. Our workers call functions in their main thread, so the
-  timeouts stay on; in any other thread they are turned off, as in TRL.
+- Time limits are per item. math-verify's own timeouts are signal based, only work in a
+  main thread, and end in a silent 0.0 (a wrong answer, as far as the caller can tell).
+  TRL calls reward functions from `asyncio.to_thread`, so it turns them off and a
+  pathological answer can hang scoring. Our workers call functions in their main
+  thread, where `deadline.score_each` gives each item `item_timeout_s` (and a fair
+  share of the call's budget): an item past it is TIMEOUT, the others keep their
+  scores. In any other thread there are no limits, as in TRL.
 """
 
 from __future__ import annotations
@@ -17,15 +20,16 @@ from __future__ import annotations
 import logging
 import math
 import re
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .deadline import score_each
+from .results import TimedOut
+
 Completion = str | list[dict[str, Any]]
 
-PARSING_TIMEOUT_S = 10
-VERIFY_TIMEOUT_S = 5
+ITEM_TIMEOUT_S = 5.0
 
 
 def completion_text(completion: Completion) -> str:
@@ -37,34 +41,29 @@ def completion_text(completion: Completion) -> str:
     return completion[0].get("content") or ""
 
 
-def _timeouts(parsing_timeout: int | None, verify_timeout: int | None) -> tuple[int | None, int | None]:
-    """math-verify timeouts for this thread: off outside the main thread (signals need it)."""
-    if threading.current_thread() is threading.main_thread():
-        return parsing_timeout, verify_timeout
-    for name in ("math_verify.parser", "math_verify.grader"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    return None, None
-
-
 class Accuracy:
     """1.0 if the completion's answer (boxed first) equals the solution, else 0.0;
-    None when the solution itself cannot be parsed."""
+    None when the solution itself cannot be parsed; TIMEOUT for an item that takes
+    longer than `item_timeout_s` to parse and verify."""
 
     __name__ = "accuracy_reward"
     required_columns = ("solution",)
 
-    def __init__(self, parsing_timeout: int | None = PARSING_TIMEOUT_S,
-                 verify_timeout: int | None = VERIFY_TIMEOUT_S) -> None:
-        self.parsing_timeout = parsing_timeout
-        self.verify_timeout = verify_timeout
+    def __init__(self, item_timeout_s: float | None = ITEM_TIMEOUT_S) -> None:
+        if item_timeout_s is not None and item_timeout_s <= 0:
+            raise ValueError(f"accuracy: item_timeout_s must be positive, got {item_timeout_s}")
+        self.item_timeout_s = item_timeout_s
+        # Our timers replace math-verify's, so its "timeout is disabled" warning is noise.
+        for name in ("math_verify.parser", "math_verify.grader"):
+            logging.getLogger(name).setLevel(logging.ERROR)
 
     def score_text(self, text: str, solution: str) -> float | None:
-        """One verdict; shared by the reasoning and cosine variants."""
+        """One verdict, without a time limit (the caller sets it); shared by the
+        reasoning and cosine variants."""
         from latex2sympy2_extended import NormalizationConfig
         from math_verify import LatexExtractionConfig, parse, verify
 
-        parse_t, verify_t = _timeouts(self.parsing_timeout, self.verify_timeout)
-        gold = parse(solution, parsing_timeout=parse_t)
+        gold = parse(solution, parsing_timeout=None)
         if not gold:
             return None
         # The answer must be well-formed LaTeX; \boxed{} is tried before anything else.
@@ -75,14 +74,15 @@ class Accuracy:
                 boxed_match_priority=0,
                 try_extract_without_anchor=False)],
             extraction_mode="first_match",
-            parsing_timeout=parse_t,
+            parsing_timeout=None,
         )
-        return float(verify(gold, answer, timeout_seconds=verify_t))
+        return float(verify(gold, answer, timeout_seconds=None))
 
     def __call__(self, completions: Sequence[Completion], solution: Sequence[str],
-                 **kwargs: Any) -> list[float | None]:
+                 **kwargs: Any) -> list[float | TimedOut | None]:
         _same_length(completions, solution)
-        return [self.score_text(completion_text(c), str(s)) for c, s in zip(completions, solution)]
+        return score_each(len(completions), lambda i: self.score_text(
+            completion_text(completions[i]), str(solution[i])), self.item_timeout_s)
 
 
 class ReasoningAccuracy(Accuracy):
@@ -91,19 +91,21 @@ class ReasoningAccuracy(Accuracy):
 
     __name__ = "reasoning_accuracy_reward"
 
-    def __init__(self, reasoning_delimiters: Sequence[str] | None = None, **timeouts: Any) -> None:
-        super().__init__(**timeouts)
+    def __init__(self, reasoning_delimiters: Sequence[str] | None = None,
+                 item_timeout_s: float | None = ITEM_TIMEOUT_S) -> None:
+        super().__init__(item_timeout_s)
         self.reasoning_delimiters = list(reasoning_delimiters or ["</think>"])
 
+    def _one(self, completion: Completion, solution: str) -> float | None:
+        text = completion_text(completion)
+        delim = next((d for d in self.reasoning_delimiters if d in text), None)
+        return 0.0 if delim is None else self.score_text(text.split(delim)[-1], solution)
+
     def __call__(self, completions: Sequence[Completion], solution: Sequence[str],
-                 **kwargs: Any) -> list[float | None]:
+                 **kwargs: Any) -> list[float | TimedOut | None]:
         _same_length(completions, solution)
-        out: list[float | None] = []
-        for completion, sol in zip(completions, solution):
-            text = completion_text(completion)
-            delim = next((d for d in self.reasoning_delimiters if d in text), None)
-            out.append(0.0 if delim is None else self.score_text(text.split(delim)[-1], str(sol)))
-        return out
+        return score_each(len(completions), lambda i: self._one(completions[i], str(solution[i])),
+                          self.item_timeout_s)
 
 
 _THINK = re.compile(r"^<think>(?!.*<think>)(.*?)</think>.*$", re.DOTALL | re.MULTILINE)
@@ -126,29 +128,29 @@ class CosineScaled:
 
     with (v_min, v_max) = (min_value_correct, max_value_correct) when correct (short is
     better) and (max_value_wrong, min_value_wrong) when wrong (short is punished more).
-    None when the solution cannot be parsed."""
+    None when the solution cannot be parsed; TIMEOUT when the verdict timed out."""
 
     __name__ = "cosine_scaled_reward"
     required_columns = ("solution",)
 
     def __init__(self, max_len: int, min_value_wrong: float = -1.0, max_value_wrong: float = -0.5,
                  min_value_correct: float = 0.5, max_value_correct: float = 1.0,
-                 **timeouts: Any) -> None:
+                 item_timeout_s: float | None = ITEM_TIMEOUT_S) -> None:
         if max_len <= 0:
             raise ValueError(f"cosine_scaled: max_len must be positive, got {max_len}")
         self.max_len = max_len
         self.correct = (min_value_correct, max_value_correct)
         self.wrong = (max_value_wrong, min_value_wrong)
-        self.accuracy = Accuracy(**timeouts)
+        self.accuracy = Accuracy(item_timeout_s)
 
     def __call__(self, completions: Sequence[Completion], solution: Sequence[str],
-                 completion_ids: Sequence[Sequence[int]], **kwargs: Any) -> list[float | None]:
+                 completion_ids: Sequence[Sequence[int]], **kwargs: Any) -> list[float | TimedOut | None]:
         verdicts = self.accuracy(completions, solution)
         _same_length(verdicts, completion_ids)
-        out: list[float | None] = []
+        out: list[float | TimedOut | None] = []
         for correct, ids in zip(verdicts, completion_ids):
-            if correct is None:
-                out.append(None)
+            if correct is None or isinstance(correct, TimedOut):
+                out.append(correct)
                 continue
             lo, hi = self.correct if correct else self.wrong
             # Clamped: cos is periodic, so past max_len the schedule would climb back.

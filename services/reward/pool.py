@@ -2,7 +2,10 @@
 
 Each worker runs one call at a time. A call that outlives its deadline gets its worker
 SIGKILLed and replaced; a worker that dies mid-call (crash, OOM kill, SIGKILL) fails
-that call with a reason and is replaced. Either way the pool keeps serving.
+that call with a reason and is replaced. A worker found dead before a call (it died
+while idle) is replaced first, and a call it could not even be sent goes to the
+replacement, so a death costs only the calls that were running. Either way the pool
+keeps serving.
 
 Pipe I/O is blocking, so each worker has one thread of a private executor driving it;
 the event loop only awaits futures.
@@ -23,6 +26,7 @@ from typing import Any
 from services.common.logging import get_logger
 
 from .registry import FunctionInfo, FunctionSpec
+from .results import TimedOut
 from .worker import worker_main
 
 log = get_logger("reward.pool")
@@ -34,10 +38,11 @@ _PRELOAD = ["services.reward.worker", "services.reward.builtins", "math_verify",
 
 @dataclass(frozen=True)
 class CallOutcome:
-    """How one function call went: status "ok" (values set), "failed" or "timeout"."""
+    """How one function call went: status "ok" (values set), "failed" or "timeout"
+    ("unsent" only inside the pool: the worker was dead before it got the call)."""
 
     status: str
-    values: list[float | None] | None = None
+    values: list[float | TimedOut | None] | None = None
     reason: str = ""
     elapsed_s: float = 0.0
 
@@ -94,9 +99,10 @@ class _Worker:
         call_id = next(self._ids)
         start = time.monotonic()
         try:
-            self.conn.send((call_id, index, kwargs))
-        except (OSError, EOFError):
-            return self._died(start)
+            self.conn.send((call_id, index, kwargs, timeout_s))
+        except (OSError, EOFError):  # nothing ran: the pool sends it to a replacement
+            self.kill()
+            return CallOutcome("unsent", reason="worker process was dead before the call")
         deadline = start + timeout_s
         while True:
             remaining = deadline - time.monotonic()
@@ -179,7 +185,6 @@ class WorkerPool:
         return await job.future
 
     async def _run_worker(self, worker: _Worker) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             job = await self._jobs.get()
             self._on_event("queue_depth", self._jobs.qsize())
@@ -188,8 +193,7 @@ class WorkerPool:
             self.busy += 1
             self._on_event("busy", self.busy)
             try:
-                outcome = await loop.run_in_executor(
-                    self._executor, worker.call, job.index, job.kwargs, job.timeout_s)
+                outcome = await self._call(worker, job)
             finally:
                 self.busy -= 1
                 self._on_event("busy", self.busy)
@@ -197,6 +201,19 @@ class WorkerPool:
                 job.future.set_result(outcome)
             if not worker.alive:
                 await self._replace(worker, outcome.status)
+
+    async def _call(self, worker: _Worker, job: _Job) -> CallOutcome:
+        """Run `job` on `worker`, first replacing it if it died while idle; a call it
+        could not be sent (it died just now) goes once more, to the replacement."""
+        loop = asyncio.get_running_loop()
+        for _ in range(2):
+            if not worker.alive:
+                await self._replace(worker, "idle")
+            outcome = await loop.run_in_executor(
+                self._executor, worker.call, job.index, job.kwargs, job.timeout_s)
+            if outcome.status != "unsent":
+                return outcome
+        return CallOutcome("failed", reason=f"{outcome.reason}, twice; replaced")
 
     async def _replace(self, worker: _Worker, cause: str) -> None:
         """Start a fresh process in place of a dead one, retrying until it comes up."""

@@ -1,8 +1,8 @@
 """One scoring request, in domain terms: check it, fan it out to the pool, add it up.
 
-Admission is bounded: at most `capacity` requests are admitted at once (the workers'
-share plus `max_queue` waiting); one more is refused at once with RESOURCE_EXHAUSTED
-rather than queued without bound.
+Callers hold an admission slot (admission.py) around `score`. Error messages echo the
+caller's names through `shown`, which bounds them: an error's message travels in the
+gRPC trailer, and a trailer above 16 KiB makes C-core clients drop the whole status.
 """
 
 from __future__ import annotations
@@ -10,18 +10,40 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.errors import InvalidArgument, NotFound, ResourceExhausted
+from services.common.errors import InvalidArgument, NotFound
 from services.common.logging import get_logger
 
+from .admission import Admission
 from .metrics import RewardMetrics
 from .pool import WorkerPool
 from .registry import RESERVED_ARGS, FunctionInfo
 from .results import ItemScore, combine, per_item
 
 log = get_logger("reward.scorer")
+
+SHOWN_CHARS = 80
+"""Longest echo of one caller-supplied value in an error message."""
+SHOWN_ITEMS = 8
+"""Most entries of a caller-supplied list echoed in an error message."""
+
+
+def shown(value: Any) -> str:
+    """`value` for an error message: ASCII-escaped and cut to SHOWN_CHARS characters."""
+    if isinstance(value, str) and len(value) > SHOWN_CHARS:
+        return f"{ascii(value[:SHOWN_CHARS])}... ({len(value)} chars)"
+    text = ascii(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
+
+
+def shown_list(values: Iterable[Any]) -> str:
+    """A list for an error message: its first SHOWN_ITEMS entries, each `shown`."""
+    values = list(values)
+    more = f", ... ({len(values)} in all)" if len(values) > SHOWN_ITEMS else ""
+    return "[" + ", ".join(shown(v) for v in values[:SHOWN_ITEMS]) + more + "]"
 
 
 @dataclass
@@ -47,10 +69,11 @@ class Scorer:
     """Validates requests, runs each selected function once per request, combines."""
 
     def __init__(self, infos: list[FunctionInfo], pool: WorkerPool, metrics: RewardMetrics, *,
-                 max_items: int, capacity: int, call_timeout_s: float) -> None:
+                 max_items: int, capacity: int, num_workers: int, call_timeout_s: float) -> None:
         self.infos = infos
         self._pool, self._metrics = pool, metrics
-        self._max_items, self.capacity, self._timeout = max_items, capacity, call_timeout_s
+        self._max_items, self._timeout = max_items, call_timeout_s
+        self.admission = Admission(capacity, num_workers, metrics.in_flight.set)
         self._index: dict[str, int] = {}
         for i, info in enumerate(infos):
             if info.name in self._index:
@@ -63,7 +86,6 @@ class Scorer:
             short = info.source.removeprefix("builtin:")
             if info.builtin and short not in self._index:
                 self._index[short] = i
-        self._active = 0
 
     def select(self, refs: list[tuple[str, float]]) -> list[Selected]:
         """The functions a request names (weight 0: configured weight), or the defaults."""
@@ -77,13 +99,13 @@ class Scorer:
         chosen, seen = [], set()
         for name, weight in refs:
             if name not in self._index:
-                raise NotFound(f"functions: unknown reward function {name!r}; known: "
-                               f"{', '.join(i.name for i in self.listed)}")
+                raise NotFound(f"functions: unknown reward function {shown(name)}; known: "
+                               f"{shown_list(i.name for i in self.listed)}")
             index = self._index[name]
             if index in seen:
-                raise InvalidArgument(f"functions: {name!r} is named twice")
+                raise InvalidArgument(f"functions: {shown(name)} is named twice")
             if not math.isfinite(weight):
-                raise InvalidArgument(f"functions: weight of {name!r} is not finite ({weight})")
+                raise InvalidArgument(f"functions: weight of {shown(name)} is not finite ({weight})")
             seen.add(index)
             info = self.infos[index]
             chosen.append(Selected(index, info, weight or info.weight))
@@ -100,8 +122,9 @@ class Scorer:
         keys = sorted(batch.columns[0])
         for i, cols in enumerate(batch.columns[1:], start=1):
             if sorted(cols) != keys:
-                raise InvalidArgument(f"items[{i}].columns: has {sorted(cols)} but items[0] has "
-                                      f"{keys}; every item needs the same columns")
+                raise InvalidArgument(f"items[{i}].columns: has {shown_list(sorted(cols))} but "
+                                      f"items[0] has {shown_list(keys)}; every item needs the "
+                                      "same columns")
         reserved = set(keys) & {*RESERVED_ARGS, "prompt", "completion"}
         if reserved:
             raise InvalidArgument(f"columns: {sorted(reserved)} are reserved names (they come "
@@ -110,19 +133,15 @@ class Scorer:
             missing = [c for c in sel.info.required_columns if c not in keys]
             if missing:
                 raise InvalidArgument(f"columns: reward function {sel.info.name!r} needs column(s) "
-                                      f"{missing}; the items have {keys}")
+                                      f"{missing}; the items have {shown_list(keys)}")
         return keys
 
     async def score(self, batch: ScoreBatch,
                     refs: list[tuple[str, float]]) -> tuple[list[ItemScore], dict[str, float]]:
-        """Scores per item and each function's wall time in ms (raises domain errors)."""
+        """Scores per item and each function's wall time in ms (raises domain errors).
+        The caller holds an admission slot."""
         chosen = self.select(refs)
         keys = self.check(batch, chosen)
-        if self._active >= self.capacity:
-            raise ResourceExhausted(f"reward service is at capacity ({self.capacity} requests "
-                                    "admitted); retry with backoff")
-        self._active += 1
-        self._metrics.in_flight.set(self._active)
         start = time.monotonic()
         try:
             kwargs = {"prompts": batch.prompts, "completions": batch.completions,
@@ -131,9 +150,8 @@ class Scorer:
             outcomes = await asyncio.gather(*(self._pool.run(s.index, kwargs, self._timeout)
                                               for s in chosen))
         finally:
-            self._active -= 1
-            self._metrics.in_flight.set(self._active)
             self._metrics.request_latency.observe(time.monotonic() - start)
+        self.admission.observe(sum(o.elapsed_s for o in outcomes))
         n = len(batch.completions)
         columns, latency = [], {}
         for sel, outcome in zip(chosen, outcomes):

@@ -2,11 +2,12 @@
 
 Protocol over a duplex pipe (pickled tuples):
 - worker -> parent, once: ("ready", [FunctionInfo, ...]) or ("init_error", message)
-- parent -> worker: (call_id, function_index, kwargs), or None to exit
-- worker -> parent: (call_id, True, [float | None, ...]) or (call_id, False, reason)
+- parent -> worker: (call_id, function_index, kwargs, budget_s), or None to exit
+- worker -> parent: (call_id, True, [float | TimedOut | None, ...]) or (call_id, False, reason)
 
-Calls run in the process's main thread, so signal-based timeouts inside reward code
-(math-verify's) work. The parent enforces the deadline by killing the process.
+Calls run in the process's main thread, so signal-based time limits work: functions
+that score items one by one give each item a limit within the call's `budget_s`
+(deadline.py). The parent enforces the budget itself by killing the process.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+from .deadline import call_budget
 from .registry import FunctionSpec, invoke, load
 
 
@@ -72,9 +74,10 @@ def worker_main(conn: Connection, specs: list[FunctionSpec], sys_path: list[str]
             return
         if message is None:
             return
-        call_id, index, kwargs = message
+        call_id, index, kwargs, budget_s = message
         try:
-            reply = (call_id, True, invoke(loaded[index][0], kwargs, loop))
+            with call_budget(budget_s):
+                reply = (call_id, True, invoke(loaded[index][0], kwargs, loop))
         except BaseException as exc:  # noqa: BLE001 - even SystemExit costs one score only
             reply = (call_id, False, _reason(exc))
         try:

@@ -169,8 +169,10 @@ class GRPOArgs(BaseModel):
     """Checkpoints kept; older ones are deleted."""
     save_only_model: bool = False
     """Checkpoint the model only (no optimizer): such a checkpoint cannot resume."""
-    resume_from_checkpoint: str | None = None
-    """Checkpoint folder to resume from; None: the latest in output_dir, if any."""
+    resume_from_checkpoint: bool | str | None = None
+    """TRL's rule: None/false trains from scratch (a previous run in output_dir is moved aside,
+    never deleted), true resumes the latest checkpoint in output_dir, a path resumes that
+    checkpoint. A trainer restarted inside the same run (same run_id) resumes regardless."""
     ignore_data_skip: bool = False
     """Kept for TRL parity; rollout resumes from the trainer's ledger instead."""
 

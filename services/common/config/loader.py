@@ -10,6 +10,7 @@ Values from the environment and flags are parsed as YAML scalars ("2" -> 2, "[a,
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,26 +37,58 @@ def load_config(argv: Sequence[str] = (), env: Mapping[str, str] | None = None) 
     env = os.environ if env is None else env
     flags, config_file = _parse_flags(argv)
     config_file = config_file or env.get(ENV_PREFIX + "CONFIG")
-    raw: dict[str, Any] = _read_file(Path(config_file)) if config_file else {}
-    _merge(raw, _from_env(env))
-    _merge(raw, flags)
+    sources = [(f"config file {config_file}", _read_file(Path(config_file)) if config_file else {}),
+               ("environment", _from_env(env)), ("command line", flags)]
+    raw: dict[str, Any] = {}
+    for _, part in sources:
+        _merge(raw, part)
     raw, errors = check_unsupported(raw)
     if errors:
         raise ConfigError("; ".join(errors))
     try:
         return AgrpoConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc)) from None
+        raise ConfigError(format_validation_error(exc, sources)) from None
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    """One short clause per error: `key.path: what is wrong (got value)`."""
+def _source_of(loc: tuple, sources) -> str:
+    """Where a key path came from: the config file, an AGRPO_* variable or a flag."""
+    for name, part in reversed(sources):
+        node = part
+        for p in loc:
+            node = node.get(p) if isinstance(node, dict) else None
+            if node is None:
+                break
+        else:
+            if name == "environment":
+                return f"from the environment, {ENV_PREFIX}{'__'.join(str(p).upper() for p in loc)}"
+            if name == "command line":
+                return f"from the command line, --{'.'.join(str(p) for p in loc)}"
+            return f"from the {name}"
+    return ""
+
+
+def _suggestion(loc: tuple) -> str:
+    """The closest valid key at the same level, if one is close."""
+    model: Any = AgrpoConfig
+    for p in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(p)
+        model = getattr(field, "annotation", None)
+    names = list(getattr(model, "model_fields", {}))
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.75)
+    return f"; did you mean {'.'.join([*map(str, loc[:-1]), close[0]])}?" if close else ""
+
+
+def format_validation_error(exc: ValidationError, sources=()) -> str:
+    """One short clause per error: `key.path: what is wrong (got value)`; unknown keys name
+    where they came from and the closest valid key."""
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "config"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            parts.append(f"{loc}: unknown key")
+            where = _source_of(tuple(err["loc"]), sources)
+            parts.append(f"{loc}: unknown key{f' ({where})' if where else ''}{_suggestion(tuple(err['loc']))}")
         elif not err["loc"]:
             parts.append(msg)
         else:

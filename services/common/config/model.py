@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .grpo import GRPOArgs
 from .sections import (
     AuthConfig,
     DatasetConfig,
+    LauncherSection,
     RewardFunctionConfig,
     RewardSection,
     RolloutSection,
@@ -26,7 +27,8 @@ class AgrpoConfig(GRPOArgs):
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     """Prompt dataset (rollout)."""
     reward_funcs: list[RewardFunctionConfig] = Field(default_factory=list)
-    """Reward functions, summed with their weights (reward service)."""
+    """Reward functions, summed with their weights (reward service): {name, weight, kwargs}
+    entries, or TRL's plain names (`[accuracy, my_module:my_reward]`)."""
     reward_weights: list[float] | None = None
     """TRL-style weights, one per reward function; overrides each function's weight."""
     tools: list[str] = Field(default_factory=list)
@@ -45,6 +47,21 @@ class AgrpoConfig(GRPOArgs):
     """The rollout service."""
     reward: RewardSection = Field(default_factory=RewardSection)
     """The reward service."""
+    launcher: LauncherSection = Field(default_factory=LauncherSection)
+    """What `agrpo run` starts and how."""
+    run_id: str | None = None
+    """Identity of one run: a trainer that finds its own run id in output_dir resumes it (a
+    restart); agrpo run sets a new one per invocation (AGRPO_RUN_ID)."""
+
+    @field_validator("reward_funcs", mode="before")
+    @classmethod
+    def _names_as_functions(cls, value):
+        """TRL's form: a name or a list of names (`module:callable` or a built-in)."""
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return value
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "AgrpoConfig":

@@ -180,6 +180,8 @@ class TrainerSection(ServiceSection):
     credit_window: int | None = Field(None, ge=1)
     """Samples rollout may have between dispatch and training (the pacing window); None: what
     max_staleness + 1 versions consume (docs/architecture.md, "Pacing")."""
+    exit_when_done: bool = False
+    """Exit once training is done (agrpo run sets it); otherwise keep serving status until stopped."""
     schedule: Literal["async", "sync"] = "async"
     """async: generation runs up to max_staleness versions ahead of training. sync: the baseline
     schedule of TRL's GRPOTrainer: generate one step's samples, train, sync, then generate again."""
@@ -193,6 +195,36 @@ class TrainerSection(ServiceSection):
     """On one GPU, torch.compile the decoder layers and the logprob head: 1.6-2.3x faster steps
     for about 35 s of compiles in the first steps (docs/gpu.md). Off: eager modules (the tree's
     flex attention stays compiled)."""
+
+
+class LauncherSection(Section):
+    """What `agrpo run` starts and how (the services themselves ignore this section)."""
+
+    vllm: Literal["auto", "start", "external"] = "auto"
+    """auto: use the vLLM servers at vllm_server_base_url(s) when they answer, else start one on
+    a localhost URL's port; start: always start one; external: never (fail if none answers)."""
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    """Where vLLM and the trainer run; auto: gpu when nvidia-smi lists a GPU."""
+    vllm_gpu: str = "0"
+    """CUDA device of the vLLM server it starts."""
+    trainer_gpus: str = "1"
+    """CUDA device(s) of the trainer."""
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    """vLLM's share of its GPU."""
+    max_model_len: int | None = Field(None, ge=16)
+    """vLLM's --max-model-len; None: 1024 + max_completion_length (TRL's advice: the prompt
+    length plus max_completion_length)."""
+    kv_cache_gib: float | None = Field(None, gt=0)
+    """vLLM's KV cache; None: 0.5 GiB on CPU, 2 GiB on GPU."""
+    vllm_args: list[str] = Field(default_factory=list)
+    """Extra arguments for `vllm serve`."""
+    max_restarts: int = Field(3, ge=0)
+    """Crashes of one service within restart_window_s that `agrpo run` restarts; one more
+    stops the job with the service's last error."""
+    restart_window_s: float = Field(600.0, gt=0)
+    """Window over which crashes are counted."""
+    ready_timeout_s: float = Field(900.0, gt=0)
+    """How long a service (or the vLLM it starts) may take to become ready."""
 
 
 class DatasetConfig(Section):

@@ -22,7 +22,7 @@ from services.common.vllm_process import (
 )
 from services.demo import gpu, report
 from services.demo.cli import parse
-from services.demo.processes import status_numbers
+from services.launcher.processes import status_numbers
 from services.demo.runner import write_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -64,7 +64,8 @@ def test_gpu_profile_options_drop_extension_and_add_scale_out():
 def test_cpu_vllm_start_is_unchanged(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     server = VLLMServer(tmp_path, port=8011)
-    assert _args_after_port(server.command()) == list(VLLMServer.BASE_ARGS)
+    assert _args_after_port(server.command()) == ["--max-model-len", "512", "--kv-cache-memory-bytes",
+                                                  str(128 << 20), *VLLMServer.BASE_ARGS]
     assert "--enable-scale-out" in VLLMServer.BASE_ARGS and "float32" in VLLMServer.BASE_ARGS
     assert "CUDA_VISIBLE_DEVICES" not in server.env()
     assert server.log_path == server.workdir / "server.log"
@@ -200,7 +201,7 @@ def test_set_overrides_reach_the_config(tmp_path):
 
 def test_trainer_gets_its_gpu_and_reads_no_launcher_variable_as_config(tmp_path, monkeypatch):
     from services.common.config import load_config
-    from services.demo.processes import ServiceProcess
+    from services.launcher.processes import ServiceProcess
 
     monkeypatch.setenv("AGRPO_VLLM_PYTHON", "python3")  # the demo's; not a config key
     proc = ServiceProcess("trainer", ["true"], tmp_path / "t.log", env=gpu.service_env("trainer", gpu.GpuOptions()))

@@ -1,4 +1,4 @@
-"""Service processes the demo starts, watches and always stops (Ctrl-C included)."""
+"""Service processes a job (agrpo run, the demo) starts, watches and always stops (Ctrl-C included)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""`agrpo run CONFIG`: one job on one machine, vLLM included, under a supervisor."""

