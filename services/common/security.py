@@ -65,6 +65,17 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         return self._deny_unary
 
 
+def server_token(auth: AuthConfig) -> str | None:
+    """The token a server enforces, None when auth is off. A token that is configured
+    but empty (an empty token_file, `token: ""`) is a ValueError: it must not turn auth off."""
+    token = auth.resolve()
+    if not token and (auth.token is not None or auth.token_file is not None):
+        source = f"auth.token_file {str(auth.token_file)!r}" if auth.token_file else "auth.token"
+        raise ValueError(f"{source} is empty; refusing to start without auth (unset it to turn "
+                         "auth off)")
+    return token or None
+
+
 def token_metadata(auth: AuthConfig) -> tuple[tuple[str, str], ...]:
     """Call metadata carrying our bearer token (empty when auth is off)."""
     token = auth.resolve()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from .config.sections import AuthConfig, ServiceSection, TLSConfig
 from .logging import get_logger
-from .security import BearerTokenInterceptor, server_credentials
+from .security import BearerTokenInterceptor, server_credentials, server_token
 
 log = get_logger("server")
 Registrar = Callable[[grpc.aio.Server], None]
@@ -27,13 +27,17 @@ class GrpcServer:
     """A started-on-demand grpc.aio server with health and reflection for its services."""
 
     def __init__(self, section: ServiceSection, service_names: Iterable[str], register: Registrar,
-                 tls: TLSConfig | None = None, auth: AuthConfig | None = None) -> None:
+                 tls: TLSConfig | None = None, auth: AuthConfig | None = None,
+                 interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
+        """`interceptors` run first, outside the bearer-token check (they see its refusals)."""
         self.section = section
         self.service_names = list(service_names)
         limit = section.max_message_mb * 1024 * 1024
-        token = auth.resolve() if auth else None
+        token = server_token(auth) if auth else None
+        chain = [*interceptors, *([BearerTokenInterceptor(token)] if token else [])]
+        self.security = {"tls": _tls_mode(tls), "auth": "token" if token else "off"}
         self.server = grpc.aio.server(
-            interceptors=[BearerTokenInterceptor(token)] if token else None,
+            interceptors=chain or None,
             options=[("grpc.max_send_message_length", limit),
                      ("grpc.max_receive_message_length", limit),
                      ("grpc.so_reuseport", 0),
@@ -58,8 +62,9 @@ class GrpcServer:
         """Start serving (health NOT_SERVING); return the bound port."""
         await self.set_serving(False)
         await self.server.start()
-        log.info("gRPC listening on %s:%d", self.section.host, self.port,
-                 extra={"services": self.service_names})
+        log.info("gRPC listening on %s:%d (TLS %s, auth %s)", self.section.host, self.port,
+                 self.security["tls"], self.security["auth"],
+                 extra={"services": self.service_names, **self.security})
         return self.port
 
     async def set_serving(self, serving: bool) -> None:
@@ -92,3 +97,9 @@ class GrpcServer:
     async def _on_signal(self, sig: signal.Signals) -> None:
         log.info("received %s, shutting down", sig.name)
         await self.stop()
+
+
+def _tls_mode(tls: TLSConfig | None) -> str:
+    if tls is None or not tls.enabled:
+        return "off"
+    return "mtls" if tls.require_client_auth else "on"

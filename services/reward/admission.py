@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from services.common.errors import ResourceExhausted
 
@@ -30,7 +30,7 @@ EWMA_ALPHA = 0.1
 
 
 class Admission:
-    """Slots for scoring requests: `admit` (refuse when full) or `admit_waiting` (wait)."""
+    """Slots for scoring requests: `admit` (refused when full) or `wait_for_slot`."""
 
     def __init__(self, capacity: int, num_workers: int,
                  on_change: Callable[[int], None] = lambda admitted: None) -> None:
@@ -54,28 +54,33 @@ class Admission:
         try:
             yield
         finally:
-            self._release()
+            self.release()
 
-    @contextlib.asynccontextmanager
-    async def admit_waiting(self) -> AsyncIterator[None]:
-        """Hold a slot for one request, waiting for one to free up when all are taken."""
+    async def wait_for_slot(self) -> None:
+        """Take a slot, waiting (in arrival order) while all are held; `release` it after."""
         if self.admitted < self.capacity and not self._waiters:
             self._take()
-        else:
-            turn = asyncio.get_running_loop().create_future()
-            self._waiters.append(turn)
-            try:
-                await turn  # _release hands its slot over
-            except asyncio.CancelledError:
-                if turn.done() and not turn.cancelled():
-                    self._release()  # handed over as we were cancelled: pass it on
-                elif turn in self._waiters:
-                    self._waiters.remove(turn)
-                raise
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._waiters.append(turn)
         try:
-            yield
-        finally:
-            self._release()
+            await turn  # release() hands its slot over
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.release()  # handed over as we were cancelled: pass it on
+            elif turn in self._waiters:
+                self._waiters.remove(turn)
+            raise
+
+    def release(self) -> None:
+        """Give a slot back: to the first waiter if there is one."""
+        while self._waiters:
+            turn = self._waiters.popleft()
+            if not turn.done():
+                turn.set_result(None)  # the slot changes hands: `admitted` stays
+                return
+        self.admitted -= 1
+        self._on_change(self.admitted)
 
     def observe(self, worker_s: float) -> None:
         """One request done: it kept workers busy for `worker_s` seconds in all."""
@@ -85,13 +90,4 @@ class Admission:
 
     def _take(self) -> None:
         self.admitted += 1
-        self._on_change(self.admitted)
-
-    def _release(self) -> None:
-        while self._waiters:
-            turn = self._waiters.popleft()
-            if not turn.done():
-                turn.set_result(None)  # the slot goes to the next waiter: admitted unchanged
-                return
-        self.admitted -= 1
         self._on_change(self.admitted)

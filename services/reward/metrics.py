@@ -13,7 +13,10 @@ class RewardMetrics:
     def __init__(self) -> None:
         m = self.metrics = Metrics("reward")
         self.registry = m.registry
-        self.requests = m.counter("requests", "Score requests by RPC and status code.",
+        self.requests = m.counter("requests", "Calls by RPC and final status code (cancelled, "
+                                  "past the deadline and unauthenticated included); for "
+                                  "ScoreStream, each request on a stream by the code in its "
+                                  "response, and a stream that ends in an error.",
                                   ("method", "code"))
         self.latency = m.histogram("function_latency_seconds",
                                    "Wall time of one reward-function call on one request.",
@@ -53,6 +56,10 @@ class RewardMetrics:
         for status_ in set(item_statuses):
             self.items.labels(name, status_.name.lower()).inc(item_statuses.count(status_))
 
-    def serve(self, port: int | None) -> int | None:
-        """Expose /metrics on `port` (None: off)."""
-        return self.metrics.serve(port)
+    def record_request(self, method: str, code: str) -> None:
+        """One call (or stream request) ended with status `code`."""
+        self.requests.labels(method, code).inc()
+
+    def serve(self, port: int | None, host: str) -> int | None:
+        """Expose /metrics on host:port (None: off), the interface gRPC listens on."""
+        return self.metrics.serve(port, host)

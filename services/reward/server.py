@@ -19,6 +19,7 @@ from services.common.logging import get_logger, setup_logging
 from services.common.server import GrpcServer
 
 from .app import RewardApp
+from .call_metrics import CallCounter
 from .pool import WorkerStartError
 from .servicer import SERVICE_NAME, RewardServicer
 
@@ -32,8 +33,9 @@ class RewardService:
         self.cfg = cfg
         self.app = RewardApp(cfg)
         self.servicer = RewardServicer(self.app.metrics)
+        counter = CallCounter(SERVICE_NAME, self.app.metrics.record_request)
         self.grpc_server = GrpcServer(cfg.reward, [SERVICE_NAME], self.servicer.register,
-                                      tls=cfg.tls, auth=cfg.auth)
+                                      tls=cfg.tls, auth=cfg.auth, interceptors=[counter])
         self.metrics_port: int | None = None
 
     @property
@@ -44,7 +46,7 @@ class RewardService:
     async def start(self) -> int:
         """Listen (NOT_SERVING), start the workers, then report SERVING; return the port."""
         await self.grpc_server.start()
-        self.metrics_port = self.app.metrics.serve(self.cfg.reward.metrics_port)
+        self.metrics_port = self.app.metrics.serve(self.cfg.reward.metrics_port, self.cfg.reward.host)
         try:
             self.servicer.scorer = await self.app.start()
         except BaseException:
@@ -65,9 +67,10 @@ async def build(cfg: AgrpoConfig) -> RewardService:
 
 
 async def serve(cfg: AgrpoConfig) -> int:
-    """Run until SIGTERM/SIGINT; 1 when the reward functions cannot be loaded."""
-    svc = await build(cfg)
+    """Run until SIGTERM/SIGINT; 1 when the reward functions cannot be loaded or the
+    config is refused (e.g. an empty auth.token_file)."""
     try:
+        svc = await build(cfg)
         await svc.start()
     except (WorkerStartError, ValueError) as exc:
         log.error("cannot start the reward service: %s", exc)
