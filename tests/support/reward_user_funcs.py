@@ -110,3 +110,19 @@ def pid_then_sleep(completions, pid_file, **kwargs):
         fh.write(str(os.getpid()))
     time.sleep(3600)
     return [0.0] * len(completions)
+
+
+def nap_short(completions, **kwargs):
+    time.sleep(0.05)
+    return [0.0] * len(completions)
+
+
+def worker_pid(completions, **kwargs):
+    """The worker process's pid, so a test can kill it while it is idle."""
+    return [float(os.getpid())] * len(completions)
+
+
+def huge_values(completions, **kwargs):
+    """Finite but huge: 1e308 (times a weight, past the double range) and an int that is
+    beyond it on its own."""
+    return [1e308, 10**400, -1e308][: len(completions)]

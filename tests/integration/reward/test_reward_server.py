@@ -26,12 +26,11 @@ FUNCS = [
     {"name": "cosine_scaled", "kwargs": {"max_len": 100}},
     {"name": "soft_overlong_punishment", "kwargs": {"max_completion_len": 100, "soft_punish_cache": 20}},
     {"name": "repetition_penalty", "kwargs": {"ngram_size": 2}},
-    {"name": "accuracy", "alias": "accuracy_quick",
-     "kwargs": {"parsing_timeout": 1, "verify_timeout": 1}},
+    {"name": "accuracy", "alias": "accuracy_quick", "kwargs": {"item_timeout_s": 1}},
     *({"name": f"{U}:{n}"} for n in (
         "reward_len", "format_reward", "async_len", "column_echo", "math_only", "shape_probe",
         "main_thread_probe", "raises", "sleeps", "non_finite", "wrong_length", "returns_none",
-        "exits", "pid_then_sleep")),
+        "exits", "pid_then_sleep", "huge_values")),
     {"name": f"{U}:scaled", "kwargs": {"factor": 2.0}},
     {"name": f"{U}:ColumnEcho", "alias": "echo_alias"},
 ]
@@ -82,11 +81,27 @@ async def test_accuracy_trl_example_and_latex(stub):
 
 
 async def test_accuracy_timeouts_work_in_workers(stub):
-    # Hangs math-verify without its (signal-based) timeouts; here it costs ~1-2 s and scores 0.
+    # Hangs math-verify without a (signal-based) timeout; here it costs ~1 s and is TIMEOUT,
+    # not a silent 0.0 that reads as a wrong answer.
     items = [item(r"\boxed{9^{9^{9^{9}}}}", solution="2")]
     resp = await stub.Score(request(items, "accuracy_quick", "main_thread_probe"))
-    assert column(resp, "accuracy_quick") == [(OK, 0.0)]
+    assert [s for s, _ in column(resp, "accuracy_quick")] == [TIMEOUT]
+    assert "1s" in resp.items[0].scores[0].reason
     assert values(resp, "main_thread_probe") == [1.0]
+
+
+async def test_latex_bombs_cost_their_own_items_only(stub):
+    # C3: two bombs among 8 items took math-verify 5 s each, past call_timeout_s (6 s
+    # here), and all 8 came back TIMEOUT. Now each item has its limit and its share.
+    bombs = {2: r"\boxed{9^{9^{9^{9}}}}", 5: r"\boxed{10^{10^{10}}}"}
+    items = [item(bombs.get(i, rf"so \boxed{{{i}}}"), solution=str(i if i % 2 else i + 1))
+             for i in range(8)]
+    resp = await stub.Score(request(items, "accuracy_reward"))
+    statuses = [s for s, _ in column(resp, "accuracy_reward")]
+    assert [statuses[i] for i in bombs] == [TIMEOUT, TIMEOUT]
+    # The six others are scored: odd i answers its solution, even i does not.
+    assert [v for i, v in enumerate(values(resp, "accuracy_reward")) if i not in bombs] == \
+        [0.0, 1.0, 1.0, 0.0, 0.0, 1.0]
 
 
 async def test_other_builtins_on_trl_examples(stub):
@@ -262,3 +277,43 @@ async def test_metrics_are_exported(server, stub):
                  "agrpo_reward_function_failures_total", "agrpo_reward_function_timeouts_total"):
         assert name in text
     assert metric(server, 'agrpo_reward_requests_total{code="OK",method="Score"}') >= 1
+
+
+async def test_huge_finite_weights_and_values_are_not_internal(stub):
+    # C1: weights of 1e308 on two functions overflowed math.fsum -> INTERNAL (13 in a stream).
+    req = request([item("<think>a</think>\\boxed{4}", solution="4")],
+                  ("accuracy_reward", 1e308), ("think_format_reward", 1e308))
+    resp = await stub.Score(req)
+    assert column(resp, "accuracy_reward") == [(OK, 1.0)] == column(resp, "think_format_reward")
+    assert resp.items[0].total == math.inf
+
+    async def gen():
+        yield pb.ScoreStreamRequest(request=req)
+
+    (answer,) = [r async for r in stub.ScoreStream(gen())]
+    assert answer.code == 0 and answer.response.items[0].total == math.inf
+
+    resp = await stub.Score(request([item("a"), item("b"), item("c")], ("huge_values", 10.0)))
+    assert [s for s, _ in column(resp, "huge_values")] == [OK, FAILED, OK]  # 10**400: no float
+    totals = [it.total for it in resp.items]
+    assert totals[0] == math.inf and math.isnan(totals[1]) and totals[2] == -math.inf
+
+
+async def test_error_messages_echo_bounded_input(stub):
+    # C2: a 100,000-character name or 3,000 long column names made the trailer exceed
+    # 16 KiB, and this (C-core) client then saw RESOURCE_EXHAUSTED instead of the code.
+    async def error_of(req) -> grpc.aio.AioRpcError:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Score(req)
+        return info.value
+
+    err = await error_of(request([item("a")], "x" * 100_000))
+    assert err.code() == grpc.StatusCode.NOT_FOUND and len(err.details()) < 1024
+    err = await error_of(request([item("a")], "\u00e9\u4e2d" * 20_000))
+    assert err.code() == grpc.StatusCode.NOT_FOUND and len(err.details().encode()) < 1024
+    names = {f"column_{i:04d}_" + "y" * 40: 1 for i in range(3000)}
+    mismatched = {f"other_{i:04d}_" + "z" * 40: 1 for i in range(3000)}
+    err = await error_of(request([item("a", **names), item("b", **mismatched)], "async_len"))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and len(err.details()) < 2048
+    err = await error_of(request([item("a", **names)], "accuracy_reward"))  # no `solution`
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and len(err.details()) < 2048
