@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import generate_latest
 
 from agrpo.v1 import reward_service_pb2 as pb
 from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
@@ -39,11 +41,58 @@ async def test_auth_off_by_default_and_enforced_when_set():
         async with client(srv.port, auth=AuthConfig(token="s3cret")) as good:
             resp = await good.Score(request([item("<think>a</think>")], "think_format_reward"))
             assert values(resp, "think_format_reward") == [1.0]
+        # C4: refused calls are counted too (they never reach the servicer).
+        text = generate_latest(srv.app.metrics.registry).decode()
+        assert 'agrpo_reward_requests_total{code="UNAUTHENTICATED",method="Score"} 2.0' in text
+        assert ('agrpo_reward_requests_total{code="UNAUTHENTICATED",method="ListRewardFunctions"}'
+                ' 1.0') in text
         # Probes carry no token: health stays open.
         async with grpc.aio.insecure_channel(f"localhost:{srv.port}") as channel:
             resp = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=SERVICE), timeout=10)
             assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_empty_token_file_fails_closed(tmp_path: Path):
+    # C5: an empty auth.token_file silently turned auth off.
+    for auth in ({"token_file": str(tmp_path / "token")}, {"token": ""}):
+        (tmp_path / "token").write_text("  \n")
+        with pytest.raises(ValueError, match="empty"):
+            async with running(make_cfg(FUNCS, num_workers=1, top={"auth": auth})):
+                pass
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def test_start_up_log_says_whether_tls_and_auth_are_on(pki: Path, tmp_path: Path):
+    # C5: the start-up log never said.
+    (tmp_path / "token").write_text("s3cret\n")
+    server_tls = {"enabled": True, "cert_file": str(pki / "server.pem"),
+                  "key_file": str(pki / "server.key"), "ca_file": str(pki / "ca.pem"),
+                  "require_client_auth": True}
+    seen = _Records()
+    logger = logging.getLogger("agrpo.server")
+    level = logger.level
+    logger.addHandler(seen)
+    logger.setLevel(logging.INFO)
+    try:
+        async with running(make_cfg(FUNCS, num_workers=1)):
+            pass
+        top = {"tls": server_tls, "auth": {"token_file": str(tmp_path / "token")}}
+        async with running(make_cfg(FUNCS, num_workers=1, top=top)):
+            pass
+    finally:
+        logger.removeHandler(seen)
+        logger.setLevel(level)
+    listening = [(r.tls, r.auth) for r in seen.records if r.getMessage().startswith("gRPC listening")]
+    assert listening == [("off", "off"), ("mtls", "token")]
 
 
 def _openssl(*args: str, cwd: Path) -> None:
