@@ -55,6 +55,10 @@ async def test_overload_is_refused_at_once_and_the_service_recovers():
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.Score(request([item("c")], "nap"))
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # C8: admission comes before parsing: bytes that do not even parse are refused
+        # for capacity (not INVALID_ARGUMENT), so a refusal costs no parse or conversion.
+        assert await _raw_score_code(srv.port, b"\x0a\x02\xff\xfe") == \
+            grpc.StatusCode.RESOURCE_EXHAUSTED
         assert len((await first).items) == 1 and len((await second).items) == 1
         resp = await stub.Score(request([item("d")], "nap"))  # capacity is back
         assert not math.isnan(resp.items[0].total)
@@ -67,6 +71,52 @@ async def test_overload_is_refused_at_once_and_the_service_recovers():
         got = [r async for r in stub.ScoreStream(gen())]
         assert sorted(r.response.request_id for r in got) == ["0", "1", "2", "3"]
         assert [r.code for r in got] == [0, 0, 0, 0]
+
+
+async def _raw_score_code(port: int, raw: bytes) -> grpc.StatusCode:
+    async with grpc.aio.insecure_channel(f"localhost:{port}") as channel:
+        call = channel.unary_unary("/agrpo.v1.RewardService/Score",
+                                   request_serializer=lambda b: b,
+                                   response_deserializer=pb.ScoreResponse.FromString)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call(raw, timeout=30)
+    return info.value.code()
+
+
+async def test_request_that_cannot_meet_its_deadline_is_refused_at_once():
+    # C8: at the measured pace (one worker, 1.5 s a request) a request admitted behind
+    # one running and one waiting would take ~4.5 s: with 2 s left it is refused now,
+    # rather than queued, half scored and cancelled.
+    cfg = make_cfg([{"name": f"{U}:nap"}], num_workers=1, max_queue=8)
+    async with running(cfg) as srv, client(srv.port) as stub:
+        await stub.Score(request([item("a")], "nap"))  # measures the pace
+        busy = [asyncio.ensure_future(stub.Score(request([item(c)], "nap"))) for c in "bc"]
+        await asyncio.sleep(0.3)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Score(request([item("d")], "nap"), timeout=2.0)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        resp = await stub.Score(request([item("e")], "nap"), timeout=30.0)  # can make it
+        assert [len(r.items) for r in await asyncio.gather(*busy)] == [1, 1]
+        assert len(resp.items) == 1
+
+
+async def test_concurrent_streams_beyond_capacity_are_slowed_not_refused():
+    # C7: each stream kept up to the global capacity in flight, so two streams got code
+    # 8 for what did not fit. Now a stream waits for a slot before reading on.
+    cfg = make_cfg([{"name": f"{U}:nap_short"}], num_workers=1, max_queue=1)
+    async with running(cfg) as srv, client(srv.port) as stub:
+        async def stream(tag: str) -> list[pb.ScoreStreamResponse]:
+            async def gen():
+                for i in range(20):
+                    yield pb.ScoreStreamRequest(
+                        request=request([item("e")], "nap_short", request_id=f"{tag}{i}"))
+            return [r async for r in stub.ScoreStream(gen())]
+
+        got = await asyncio.gather(stream("a"), stream("b"))
+        for tag, answers in zip("ab", got):
+            assert sorted(r.response.request_id for r in answers) == sorted(
+                f"{tag}{i}" for i in range(20))
+            assert {r.code for r in answers} == {0}
 
 
 async def test_oversized_message_is_refused():
