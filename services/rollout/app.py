@@ -17,6 +17,7 @@ from agrpo.v1 import common_pb2
 from services.common.channels import open_channel
 from services.common.identity import Identity
 from services.common.logging import get_logger
+from services.common.versions import lineage_from_proto
 
 from .balancer import Balancer
 from .data import build_prompt_set, load_rows, load_tokenizer
@@ -112,7 +113,7 @@ class RolloutApp:
         ch = self.trainer_channel
         self._tasks = [
             asyncio.create_task(self.sender.run()),
-            asyncio.create_task(watch_policy(ch, self.identity.instance_id, self.on_version,
+            asyncio.create_task(watch_policy(ch, self.identity.instance_id, self.on_policy,
                                              self.liveness, self.cfg.rollout.trainer_reconnect_s)),
             asyncio.create_task(heartbeat_loop(ch, self.heartbeat, self.liveness,
                                                self.cfg.rollout.heartbeat_interval_s,
@@ -196,6 +197,18 @@ class RolloutApp:
     def on_version(self, version: int) -> None:
         if self.engine:
             self.engine.on_version(version)
+
+    def on_lineage(self, lineage) -> None:
+        if self.engine:
+            self.engine.on_lineage(lineage)
+
+    def on_policy(self, policy) -> None:
+        """A PolicyVersion from WatchPolicy: its lineage first, then its number."""
+        self.on_lineage(lineage_from_proto(policy.lineage))
+        self.on_version(int(policy.version))
+
+    def is_stale(self, version: int) -> bool:
+        return self.engine.is_stale(version) if self.engine else False
 
     def on_credits(self) -> None:
         if self.engine:

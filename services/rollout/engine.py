@@ -26,7 +26,7 @@ from collections import Counter
 
 from services.common.logging import get_logger
 from services.common.metrics import IdleClock
-from services.common.versions import is_stale
+from services.common.versions import Lineage
 
 from .balancer import GenerationFailed
 from .groups import GenerationContext, Group
@@ -67,6 +67,7 @@ class Engine:
         self.sampling = SamplingConfig(cfg.max_completion_length, cfg.temperature, cfg.top_p, cfg.top_k,
                                        cfg.min_p, cfg.repetition_penalty)
         self.version = 0
+        self.lineage = Lineage()  # the trainer's: which versions still name weights, and how far apart
         self.inflight_requests = 0
         self.generating: dict[str, Group] = {}
         self.scoring_groups = 0
@@ -158,7 +159,10 @@ class Engine:
         group.generated_at = time.monotonic()
         self.samples_generated += len(group.completions)
         self.metrics.samples_generated.inc(len(group.completions))
-        if is_stale(self.version, group.version, self.cfg.max_staleness):
+        if not self.lineage.on_lineage(self._versions(group)):
+            self._drop(group, "off_lineage")
+            return
+        if self.is_stale(group.version):
             self._drop(group, "stale_generated")
             return
         self.scoring_groups += 1
@@ -186,6 +190,26 @@ class Engine:
         self.wake()
 
     # Policy versions
+    def is_stale(self, version: int) -> bool:
+        """Past max_staleness at the current version, or off the trainer's lineage."""
+        return self.lineage.stale(self.version, version, self.cfg.max_staleness)
+
+    def _versions(self, group: Group) -> list[int]:
+        """Every version that produced a token of the group, and its dispatch version."""
+        return [group.dispatch_version, *(v for row in self.strategy.rows(group, self.prompts[group.key[0]])
+                                          for v, _, _ in row.spans)]
+
+    def on_lineage(self, lineage: Lineage) -> None:
+        """The trainer resumed (a restart): what versions after its checkpoint produced is
+        never trained. Groups dispatched at such versions are aborted, held ones dropped."""
+        if lineage == self.lineage:
+            return
+        self.lineage = lineage
+        log.warning("trainer lineage changed (a restart): %s", lineage.segments)
+        self._abort([g for g in self.generating.values() if lineage.index(g.dispatch_version) is None],
+                    "off_lineage")
+        self.sender.drop_off_lineage(lineage)
+
     def on_version(self, version: int) -> None:
         """A newer policy: abort in-flight groups it makes too stale, sweep the send buffer."""
         if version <= self.version:
@@ -193,18 +217,20 @@ class Engine:
         self.version = version
         self.metrics.policy_version.set(version)
         log.info("policy version %d", version, extra={"policy_version": version})
-        stale = [g for g in self.generating.values()
-                 if is_stale(version, g.dispatch_version, self.cfg.max_staleness)]
+        self._abort([g for g in self.generating.values() if self.is_stale(g.dispatch_version)], "stale_inflight")
+        self.sender.sweep_stale()
+        self.wake()
+
+    def _abort(self, stale: list[Group], reason: str) -> None:
+        """Cancel in-flight groups at vLLM and re-issue their prompts."""
         for g in stale:
             g.task.cancel()
             self.generating.pop(g.group_id, None)
             self._release(g, g.slots)
-            self._drop(g, "stale_inflight")
+            self._drop(g, reason)
         if stale:
             ids = [g.request_id(i) for g in stale for i in range(self.G)]
             asyncio.get_running_loop().create_task(self.balancer.abort(ids))
-        self.sender.sweep_stale()
-        self.wake()
 
     # Scoring
     async def _score_worker(self) -> None:
@@ -234,7 +260,10 @@ class Engine:
             return
         scoring_ms = (time.monotonic() - t0) * 1000
         self.metrics.scoring_latency.observe(scoring_ms / 1000)
-        if is_stale(self.version, group.version, self.cfg.max_staleness):
+        if not self.lineage.on_lineage(self._versions(group)):
+            self._drop(group, "off_lineage")
+            return
+        if self.is_stale(group.version):
             self._drop(group, "stale_scored")
             return
         scored = ScoredGroup(*strategy.rewards(group, scores), scoring_ms, wait_ms)

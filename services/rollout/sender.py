@@ -25,7 +25,7 @@ from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 from services.common.identity import now_timestamp
 from services.common.logging import get_logger
-from services.common.versions import is_stale
+from services.common.versions import lineage_from_proto
 
 log = get_logger("rollout.sender")
 FINAL = {trainer_pb.SAMPLE_OUTCOME_TRAINED: "trained", trainer_pb.SAMPLE_OUTCOME_DUPLICATE: "duplicate",
@@ -37,6 +37,7 @@ class _Group:
     key: tuple[int, int]
     version: int
     sample_ids: list[str]
+    versions: set[int] = field(default_factory=set)  # every version that produced a token
     outcomes: dict[str, str] = field(default_factory=dict)
     started: bool = False
 
@@ -52,8 +53,8 @@ class Sender:
         self.max_staleness = max_staleness
         self.heartbeat_s = heartbeat_s
         self.reconnect_s = reconnect_s
-        self.hooks = hooks  # the RolloutApp: on_resume, on_group_done, on_version, on_credits, on_heard, on_sent,
-        # version, heartbeat
+        self.hooks = hooks  # the RolloutApp: on_resume, on_group_done, on_version, on_lineage, on_credits,
+        # on_heard, on_sent, is_stale, version, heartbeat
         self.samples: OrderedDict[str, common_pb2.RolloutSample] = OrderedDict()
         self.groups: dict[str, _Group] = {}
         self.unsent: deque[str] = deque()
@@ -77,7 +78,8 @@ class Sender:
     def add_group(self, key: tuple[int, int], version: int, samples: list) -> None:
         """Queue a scored group for sending."""
         gid = samples[0].group_id
-        self.groups[gid] = _Group(key, version, [s.sample_id for s in samples])
+        versions = {v for s in samples for v in (s.policy_version, *(sp.policy_version for sp in s.version_spans))}
+        self.groups[gid] = _Group(key, version, [s.sample_id for s in samples], versions)
         for s in samples:
             self.samples[s.sample_id] = s
             self.unsent.append(s.sample_id)
@@ -133,6 +135,7 @@ class Sender:
             call.cancel()
 
     def _adopt_resume(self, rp: common_pb2.ResumePoint) -> None:
+        self.hooks.on_lineage(lineage_from_proto(rp.lineage))  # before any held group is re-sent
         trained = {(k.dataset_index, k.epoch) for k in rp.trained}
         for gid, g in list(self.groups.items()):
             if g.key in trained or g.key[1] < rp.completed_epochs:
@@ -173,7 +176,18 @@ class Sender:
         return None
 
     def _too_stale(self, version: int) -> bool:
-        return is_stale(self.hooks.version(), version, self.max_staleness)
+        return self.hooks.is_stale(version)
+
+    def drop_off_lineage(self, lineage) -> int:
+        """Forget (never re-send) groups with a token of weights the trainer rolled back."""
+        off = [gid for gid, g in self.groups.items() if not lineage.on_lineage(g.versions)]
+        for gid in off:
+            key = self.groups[gid].key
+            self._forget_group(gid)
+            self.hooks.on_group_done(key, False, "off_lineage")
+        if off:
+            log.warning("dropped %d held groups of weights the trainer rolled back", len(off))
+        return len(off)
 
     def sweep_stale(self) -> int:
         """Drop groups not yet started that the current version made too stale."""

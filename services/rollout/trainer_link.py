@@ -37,17 +37,17 @@ class TrainerLiveness:
         return self.silent_s > self.stale_after_s
 
 
-async def watch_policy(channel: grpc.aio.Channel, watcher_id: str, on_version, liveness: TrainerLiveness,
+async def watch_policy(channel: grpc.aio.Channel, watcher_id: str, on_policy, liveness: TrainerLiveness,
                        reconnect_s: float) -> None:
-    """Stream policy versions into `on_version(int)` forever."""
+    """Stream policy versions (PolicyVersion messages) into `on_policy` forever."""
     stub = trainer_grpc.TrainerServiceStub(channel)
     delay = reconnect_s
     while True:
         try:
-            async for pv in stub.WatchPolicy(trainer_pb.WatchPolicyRequest(watcher_id=watcher_id)):
+            async for resp in stub.WatchPolicy(trainer_pb.WatchPolicyRequest(watcher_id=watcher_id)):
                 liveness.heard()
                 delay = reconnect_s
-                on_version(int(pv.version))
+                on_policy(resp.policy)
             log.warning("WatchPolicy ended; reconnecting")
         except grpc.aio.AioRpcError as exc:
             log.debug("WatchPolicy: %s; reconnecting in %.1f s", exc.code().name, delay)

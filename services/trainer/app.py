@@ -1,7 +1,8 @@
 """Wire the trainer together: restored state, buffer, intake, policy board, metrics, loop.
 
-The checkpoint to resume from (if any) is read first, so the ledger the intake checks
-against is the restored one from the start. `boot()` loads the model and cold-syncs
+Which checkpoint to resume from (if any; run_record.py decides: a restart of the same run,
+or resume_from_checkpoint) is settled first, so the ledger the intake checks against is the
+restored one from the start, and the audit log and metrics are rewound to it. `boot()` loads the model and cold-syncs
 every vLLM server (slow, so the gRPC server answers NOT_SERVING meanwhile); `train()`
 runs the loop. No gRPC here: services/trainer/server.py serves this app.
 """
@@ -9,12 +10,13 @@ runs the loop. No gRPC here: services/trainer/server.py serves this app.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from services.common.config import AgrpoConfig
 from services.common.identity import Identity
 from services.common.logging import get_logger
 
-from . import checkpoint
+from . import checkpoint, run_record
 from .buffer import SampleBuffer
 from .intake import Intake
 from .ledger import Ledger
@@ -40,23 +42,44 @@ class TrainerApp:
     def __init__(self, cfg: AgrpoConfig) -> None:
         self.cfg = cfg
         self.identity = Identity("trainer")
-        self.resumed_from = checkpoint.resume_path(cfg.resume_from_checkpoint, cfg.resolved_output_dir)
-        self.state = self._restore()
+        self.metrics_file = Path(cfg.trainer.metrics_jsonl or Path(cfg.resolved_output_dir) / "metrics.jsonl")
+        start = run_record.plan(Path(cfg.resolved_output_dir), cfg.run_id, cfg.resume_from_checkpoint,
+                                self.metrics_file)
+        self.record, self.resumed_from = start.record, start.checkpoint
+        if start.archived:
+            log.warning("output_dir held an earlier run: moved to %s (set resume_from_checkpoint: true "
+                        "to continue it instead)", start.archived)
+        self.state = self._restore(start.restart)
         self.buffer = SampleBuffer(cfg.queue_maxsize)
         self.board = PolicyBoard()
         self.metrics = TrainerMetrics()
         self.intake = Intake(self.buffer, self.state.ledger, build_pace(cfg), self._max_tokens,
-                             self.metrics.on_intake)
+                             self.metrics.on_intake, self._version_problem)
         self.loop = None  # TrainerLoop, once boot() has loaded the model
         self.ready = False
 
-    def _restore(self) -> TrainState:
-        if self.resumed_from is None:
-            return TrainState(ledger=Ledger())
-        state = checkpoint.read_state(self.resumed_from)
-        log.info("resuming from %s: step %d, version %d, %d prompts trained", self.resumed_from,
-                 state.step, state.version, state.ledger.prompts_trained)
+    def _restore(self, restart: bool) -> TrainState:
+        state = (checkpoint.read_state(self.resumed_from) if self.resumed_from is not None
+                 else TrainState(ledger=Ledger()))
+        audit = Path(self.cfg.resolved_output_dir) / "trained_samples.jsonl"
+        if self.resumed_from is not None or restart:
+            moved = run_record.rewind(audit, state.step) + run_record.rewind(self.metrics_file, state.step)
+            log.info("%s %s: step %d, version %d, %d prompts trained%s",
+                     "restart of run" if restart else "resuming", self.resumed_from or "from scratch",
+                     state.step, state.version, state.ledger.prompts_trained,
+                     f"; {moved} records of later steps moved to *.rolled_back.jsonl" if moved else "")
         return state
+
+    def _version_problem(self, sample) -> str | None:
+        """Why a sample's versions cannot be trained here: a token of weights a restart rolled
+        back (off the lineage), or a version newer than the trainer's."""
+        st = self.state
+        for v in (sample.policy_version, *(v for v, _, _ in sample.version_spans)):
+            if st.lineage.index(v) is None:
+                return f"off the trainer's lineage: version {v} names weights a restart rolled back"
+        if st.lineage.distance(st.version, sample.policy_version) < 0:
+            return f"version {sample.policy_version} is newer than the trainer's {st.version}"
+        return None
 
     def _max_tokens(self) -> int | None:
         return self.loop.token_budget() if self.loop else None

@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-
-from services.common.versions import is_stale
+from collections.abc import Callable
 
 from .sample import Sample
 
@@ -49,11 +48,11 @@ class SampleBuffer:
             self._nonempty.clear()
         return sample
 
-    def pop_fresh(self, version: int, max_staleness: int) -> tuple[Sample | None, list[Sample]]:
+    def pop_fresh(self, is_stale: Callable[[Sample], bool]) -> tuple[Sample | None, list[Sample]]:
         """Next non-stale sample (or None) and the stale ones skipped on the way."""
         stale = []
         while (sample := self.pop()) is not None:
-            if not is_stale(version, sample.policy_version, max_staleness):
+            if not is_stale(sample):
                 return sample, stale
             stale.append(sample)
         return None, stale

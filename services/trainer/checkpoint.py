@@ -87,13 +87,6 @@ def prune(output_dir: str | Path, total_limit: int | None) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def resume_path(resume_from: str | None, output_dir: str | Path) -> Path | None:
-    """`resume_from_checkpoint`, else the latest checkpoint in output_dir, else None."""
-    if resume_from:
-        return Path(resume_from)
-    return latest(output_dir)
-
-
 def read_state(path: str | Path) -> TrainState:
     return TrainState.from_dict(json.loads((Path(path) / STATE_FILE).read_text()))
 

@@ -19,6 +19,7 @@ trains its own rows of every micro-batch; see `Engine.row_loss` for the loss sca
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -119,7 +120,7 @@ class Engine:
         if self.aux_coef is None:
             self.aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0
         self.last_aux: torch.Tensor | None = None
-        self.version: int | None = None  # set by train_step, for per-staleness diagnostics
+        self.staleness: Callable[[int], int] | None = None  # set by train_step, for diagnostics
         self.flex = _use_flex(cfg.attention, self.device)
         compiled = self.device.type == "cuda" and self.world == 1
         if self.flex:
@@ -222,10 +223,10 @@ class Engine:
         return loss, stats
 
     def _staleness(self, row: PackedRow) -> torch.Tensor | None:
-        """Per term: the trainer's version minus its sample's version (None when unknown)."""
-        if self.version is None or not row.samples:
+        """Per term: how far behind the trainer its sample's version is (None when unknown)."""
+        if self.staleness is None or not row.samples:
             return None
-        per_sample = torch.tensor([self.version - s.policy_version for s in row.samples], device=self.device)
+        per_sample = torch.tensor([self.staleness(s.policy_version) for s in row.samples], device=self.device)
         return per_sample[torch.tensor(row.segment_id, device=self.device, dtype=torch.long)]
 
     def my_rows(self, mb: MicroBatch) -> list[PackedRow]:
@@ -236,10 +237,11 @@ class Engine:
             raise ValueError(f"a micro-batch of {len(mb.rows)} rows cannot be split over {self.world} ranks")
         return mb.rows[self.rank::self.world]
 
-    def train_step(self, batches: list[MicroBatch], version: int | None = None) -> dict[str, float]:
-        """Forward/backward every micro-batch, clip, step optimizer and scheduler. `version`
-        (the trainer's policy version) adds the mismatch by staleness to the diagnostics."""
-        self.version = version
+    def train_step(self, batches: list[MicroBatch],
+                   staleness: Callable[[int], int] | None = None) -> dict[str, float]:
+        """Forward/backward every micro-batch, clip, step optimizer and scheduler. `staleness`
+        (policy version -> distance to the trainer's) adds the mismatch by staleness."""
+        self.staleness = staleness
         t0 = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)

@@ -64,10 +64,12 @@ class Intake:
 
     def __init__(self, buffer: SampleBuffer, ledger: Ledger, pace: Pace | None = None,
                  max_tokens: Callable[[], int | None] = lambda: None,
-                 on_event: Callable[[str, Sample | None], None] = lambda kind, s: None) -> None:
+                 on_event: Callable[[str, Sample | None], None] = lambda kind, s: None,
+                 version_problem: Callable[[Sample], str | None] = lambda s: None) -> None:
         self.buffer, self.ledger = buffer, ledger
         self.pace = pace or Pace(max_staleness=0, nominal_per_version=buffer.capacity, capacity=buffer.capacity)
         self.max_tokens = max_tokens
+        self.version_problem = version_problem  # off the lineage or newer than the trainer: refuse
         self.on_event = on_event  # metrics hook: ("received"|"duplicate"|"rejected"|..., sample)
         self.stats = IntakeStats()
         self.streams: dict[str, ProducerStream] = {}
@@ -119,7 +121,8 @@ class Intake:
         ack = Ack(sample.sample_id, outcome, tuple(sample.prompt_key), reason)
         credits = 0
         if outcome is not Outcome.ACCEPTED or resend:
-            kind = {Outcome.DUPLICATE: "duplicate", Outcome.REJECTED: "rejected"}.get(outcome, "resent_pending")
+            kind = {Outcome.DUPLICATE: "duplicate", Outcome.REJECTED: "rejected",
+                    Outcome.DROPPED_STALE: "off_lineage"}.get(outcome, "resent_pending")
             self.stats.drops[kind] += 1
             self.on_event(kind, sample)
             credits = 0 if self.done else 1
@@ -139,6 +142,9 @@ class Intake:
         problem = sample.validate()
         if problem:
             return Outcome.REJECTED, problem
+        problem = self.version_problem(sample)
+        if problem:
+            return Outcome.DROPPED_STALE, problem
         limit = self.max_tokens()
         if limit and len(sample) > limit:
             return Outcome.REJECTED, f"oversize: {len(sample)} tokens > {limit}"

@@ -27,7 +27,7 @@ from pathlib import Path
 from services.common.config import AgrpoConfig
 from services.common.logging import get_logger
 from services.common.metrics import IdleClock
-from services.common.versions import is_stale
+from services.common.versions import Lineage, label_to_version
 
 from . import checkpoint
 from .audit import TrainedSampleLog
@@ -37,6 +37,7 @@ from .intake import OTHER_GROUP, Intake
 from .metrics import StepLogger, TrainerMetrics
 from .packing import MicroBatch, make_batcher
 from .policy import PolicyBoard
+from .run_record import RunRecord
 from .sample import Outcome, Sample
 from .state import TrainState
 from .step_metrics import step_metrics
@@ -54,6 +55,7 @@ class StepInput:
     wait_s: float = 0.0
     stale: list[Sample] = field(default_factory=list)
     trained_version: int = 0  # the trainer's version when the step trained (before publishing)
+    staleness: list[int] = field(default_factory=list)  # per trained sample, positions on the lineage
 
 
 class TrainerLoop:
@@ -61,8 +63,9 @@ class TrainerLoop:
 
     def __init__(self, cfg: AgrpoConfig, engine: Engine, tokenizer, syncer: WeightSyncer,
                  state: TrainState, buffer: SampleBuffer, intake: Intake, board: PolicyBoard,
-                 metrics: TrainerMetrics, step_log: StepLogger) -> None:
+                 metrics: TrainerMetrics, step_log: StepLogger, record: RunRecord) -> None:
         self.cfg, self.engine, self.tokenizer, self.syncer = cfg, engine, tokenizer, syncer
+        self.record = record  # run.json: the version high-water mark
         self.state, self.buffer, self.intake, self.board = state, buffer, intake, board
         self.metrics, self.step_log = metrics, step_log
         self.ledger = state.ledger
@@ -109,9 +112,7 @@ class TrainerLoop:
     # Weight sync
     async def cold_sync(self) -> None:
         """Sync every server before serving; retry until vllm_server_timeout."""
-        s = self.state
-        reuse = s.version > 0 and s.version_step == s.step
-        version = s.version if reuse else s.version + 1
+        version = await self._start_version()
         deadline = time.monotonic() + self.cfg.vllm_server_timeout
         pending, uri = list(self.syncer.urls), ""
         while True:
@@ -129,7 +130,30 @@ class TrainerLoop:
         self._make_batcher()
         self._commit_version(version, list(self.syncer.urls), uri)
 
+    async def _start_version(self) -> int:
+        """The version the loaded weights are published as: never a number published before
+        for other weights (run.json's high-water mark, and what the servers report)."""
+        s, labels = self.state, []
+        for url in self.syncer.urls:
+            try:
+                labels.append(label_to_version(await self.syncer.admin(url).weight_label()))
+            except Exception:  # noqa: BLE001 - a server not up yet: the cold sync retries it
+                pass
+        high = max([self.record.max_version, *(v for v in labels if v is not None)])
+        if s.version > 0 and s.version_step == s.step and high <= s.version:
+            return s.version  # the checkpoint's weights, under the number they were published as
+        version = high + 1
+        if s.version > 0:
+            s.lineage = s.lineage.resumed(s.version, version, ahead=int(s.version_step != s.step))
+            log.warning("resumed weights of version %d are published as version %d: versions %d-%d "
+                        "(weights this restart rolled back) are off the lineage and never trained",
+                        s.version, version, s.version + 1, high)
+        elif version > 1:
+            s.lineage = Lineage(((version, None, 1),))  # a fresh run on servers that saw other versions
+        return version
+
     async def _sync(self, version: int, urls: list[str] | None = None):
+        self.record.reserve(version)  # before any weights of this number leave the trainer
         report = await self.syncer.sync(version, partial(self._prepare_payload, version), urls)
         for phase, secs in report.phase_s.items():
             self.metrics.sync_time.labels(phase).observe(secs)
@@ -141,7 +165,8 @@ class TrainerLoop:
     def _commit_version(self, version: int, synced: list[str], uri: str) -> None:
         self.state.version, self.state.version_step = version, self.state.step
         self.metrics.policy_version.set(version)
-        self.board.publish(version, self.state.step, synced, self.syncer.transport.name, uri)
+        self.board.publish(version, self.state.step, synced, self.syncer.transport.name, uri,
+                           self.state.lineage)
         log.info("policy version %d published (step %d, servers %s)", version, self.state.step, synced)
 
     async def publish_weights(self) -> None:
@@ -151,7 +176,7 @@ class TrainerLoop:
         self._commit_version(version, report.synced, report.uri)
         # Samples waiting in open rows were fresh when popped; a new version can make
         # them stale before their micro-batch closes. Never train past max_staleness.
-        late = self.batcher.evict(lambda s: is_stale(version, s.policy_version, self.cfg.max_staleness))
+        late = self.batcher.evict(self.is_stale)
         if late:
             self.ledger.release(late)
             self._drop_stale(late)
@@ -171,7 +196,7 @@ class TrainerLoop:
             self.last_sync = dict(report.phase_s)
             if report.synced:
                 self.board.publish(self.state.version, self.state.version_step, list(self.syncer.urls),
-                                   self.syncer.transport.name, report.uri)
+                                   self.syncer.transport.name, report.uri, self.state.lineage)
 
     # Steps
     def done(self) -> bool:
@@ -240,6 +265,10 @@ class TrainerLoop:
                 out.batches.append(last)
         return out
 
+    def is_stale(self, sample: Sample) -> bool:
+        """Past max_staleness at the trainer's version, or off its lineage (versions.py)."""
+        return self.state.lineage.stale(self.state.version, sample.policy_version, self.cfg.max_staleness)
+
     def _step_full(self, out: StepInput) -> bool:
         if self.pace.sync:
             return self.pace.step_complete()
@@ -247,7 +276,7 @@ class TrainerLoop:
 
     def _take_one(self, out: StepInput) -> bool:
         """Move the next fresh sample into a micro-batch; False when the buffer is empty."""
-        sample, stale = self.buffer.pop_fresh(self.state.version, self.cfg.max_staleness)
+        sample, stale = self.buffer.pop_fresh(self.is_stale)
         if stale:
             self._drop_stale(stale)
             out.stale += stale
@@ -257,7 +286,7 @@ class TrainerLoop:
             self._drop_other_group(sample)
             return True
         self.pace.consume()
-        self.metrics.staleness.observe(self.state.version - sample.policy_version)
+        self.metrics.staleness.observe(self.state.staleness(sample.policy_version))
         out.batches += self.batcher.add(sample)
         return True
 
@@ -270,7 +299,9 @@ class TrainerLoop:
     def _drop_stale(self, stale: list[Sample]) -> None:
         self._count_drop("stale", len(stale))
         for s in stale:
-            self.metrics.staleness.observe(self.state.version - s.policy_version)
+            distance = self.state.staleness(s.policy_version)
+            if distance is not None:
+                self.metrics.staleness.observe(distance)
         reason = f"staleness > max_staleness={self.cfg.max_staleness} at version {self.state.version}"
         self.intake.settle(stale, Outcome.DROPPED_STALE, reason)
         self.intake.regrant()
@@ -278,14 +309,15 @@ class TrainerLoop:
     async def train_step(self, step_in: StepInput) -> dict:
         """One optimizer step in a worker thread, then ledger, acks and counters."""
         t0 = time.perf_counter()
-        stats = await asyncio.to_thread(self.engine.train_step, step_in.batches, self.state.version)
+        stats = await asyncio.to_thread(self.engine.train_step, step_in.batches, self.state.staleness)
         stats["perf/step_s"] = time.perf_counter() - t0
         samples = [s for mb in step_in.batches for s in mb.samples]
         self.ledger.record(samples)
         self.trained_at_version += len(samples)
         step_in.trained_version = self.state.version
+        step_in.staleness = [self.state.staleness(s.policy_version) for s in samples]
         self.state.step += 1
-        self.audit.write(self.state.step, self.state.version, samples)
+        self.audit.write(self.state.step, self.state.version, samples, step_in.staleness)
         self.intake.settle(samples, Outcome.TRAINED)
         self.metrics.trained.inc(len(samples))
         self.metrics.step.set(self.state.step)

@@ -7,7 +7,9 @@ only ever needs the newest version, so its queue keeps just the latest message.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from services.common.versions import Lineage
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,7 @@ class PolicyInfo:
     transport: str
     weights_uri: str = ""
     synced_servers: tuple[str, ...] = ()
+    lineage: Lineage = field(default_factory=Lineage)
 
 
 class PolicyBoard:
@@ -29,8 +32,9 @@ class PolicyBoard:
         self.current: PolicyInfo | None = None
         self._watchers: set[asyncio.Queue] = set()
 
-    def publish(self, version: int, step: int, synced: list[str], transport: str, uri: str = "") -> PolicyInfo:
-        info = PolicyInfo(version, step, str(version), transport, uri, tuple(synced))
+    def publish(self, version: int, step: int, synced: list[str], transport: str, uri: str = "",
+                lineage: Lineage | None = None) -> PolicyInfo:
+        info = PolicyInfo(version, step, str(version), transport, uri, tuple(synced), lineage or Lineage())
         self.current = info
         for q in self._watchers:
             while not q.empty():

@@ -17,7 +17,7 @@ from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 from services.common.errors import InvalidArgument, Unavailable, grpc_errors
 from services.common.identity import Identity, now_timestamp
 from services.common.logging import get_logger
-from services.common.versions import oldest_version
+from services.common.versions import lineage_to_proto, oldest_version
 
 from .intake import Outbound
 from .sample import Sample
@@ -60,7 +60,8 @@ class TrainerServicer(trainer_grpc.TrainerServiceServicer):
         ledger = self.app.state.ledger
         return common_pb2.ResumePoint(step=self.app.state.step, policy_version=self._version(),
                                       completed_epochs=ledger.completed_epochs,
-                                      trained=[_prompt_key(k) for k in ledger.unfinished_keys()])
+                                      trained=[_prompt_key(k) for k in ledger.unfinished_keys()],
+                                      lineage=lineage_to_proto(self.app.state.lineage))
 
     def _response(self, out: Outbound) -> trainer_pb.PushSamplesResponse:
         acks = [trainer_pb.SampleAck(sample_id=a.sample_id, outcome=int(a.outcome), reason=a.reason,
@@ -116,7 +117,7 @@ class TrainerServicer(trainer_grpc.TrainerServiceServicer):
                     version=info.version, step=info.step, weight_label=info.weight_label,
                     transport=_TRANSPORTS.get(info.transport, 0), weights_uri=info.weights_uri,
                     synced_servers=list(info.synced_servers), published_at=now_timestamp(),
-                    max_staleness=self.app.cfg.max_staleness)
+                    max_staleness=self.app.cfg.max_staleness, lineage=lineage_to_proto(info.lineage))
                 yield trainer_pb.WatchPolicyResponse(policy=policy)
         finally:
             self.app.board.unsubscribe(queue)

@@ -15,3 +15,6 @@ class FakeSender:
 
     def sweep_stale(self):
         return 0
+
+    def drop_off_lineage(self, lineage):
+        return 0

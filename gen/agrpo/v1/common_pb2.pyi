@@ -109,7 +109,7 @@ class RolloutSample(_message.Message):
     def __init__(self, sample_id: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_key: _Optional[_Union[PromptKey, _Mapping]] = ..., policy_version: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., input_ids: _Optional[_Iterable[int]] = ..., completion_mask: _Optional[_Iterable[int]] = ..., behavior_logprobs: _Optional[_Iterable[float]] = ..., prompt_length: _Optional[int] = ..., advantage: _Optional[float] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., generation_index: _Optional[int] = ..., row_index: _Optional[int] = ..., prompt_text: _Optional[str] = ..., completion_text: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer_id: _Optional[str] = ...) -> None: ...
 
 class PolicyVersion(_message.Message):
-    __slots__ = ("version", "step", "weight_label", "transport", "weights_uri", "synced_servers", "published_at", "max_staleness")
+    __slots__ = ("version", "step", "weight_label", "transport", "weights_uri", "synced_servers", "published_at", "max_staleness", "lineage")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_LABEL_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +118,7 @@ class PolicyVersion(_message.Message):
     SYNCED_SERVERS_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
     version: int
     step: int
     weight_label: str
@@ -126,7 +127,18 @@ class PolicyVersion(_message.Message):
     synced_servers: _containers.RepeatedScalarFieldContainer[str]
     published_at: _timestamp_pb2.Timestamp
     max_staleness: int
-    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., weight_label: _Optional[str] = ..., transport: _Optional[_Union[WeightTransport, str]] = ..., weights_uri: _Optional[str] = ..., synced_servers: _Optional[_Iterable[str]] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_staleness: _Optional[int] = ...) -> None: ...
+    lineage: _containers.RepeatedCompositeFieldContainer[LineageSegment]
+    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., weight_label: _Optional[str] = ..., transport: _Optional[_Union[WeightTransport, str]] = ..., weights_uri: _Optional[str] = ..., synced_servers: _Optional[_Iterable[str]] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_staleness: _Optional[int] = ..., lineage: _Optional[_Iterable[_Union[LineageSegment, _Mapping]]] = ...) -> None: ...
+
+class LineageSegment(_message.Message):
+    __slots__ = ("first_version", "last_version", "first_index")
+    FIRST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    first_version: int
+    last_version: int
+    first_index: int
+    def __init__(self, first_version: _Optional[int] = ..., last_version: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
 
 class ServiceInfo(_message.Message):
     __slots__ = ("service", "instance_id", "version", "state", "uptime_s")
@@ -273,13 +285,15 @@ class InferenceServerStatus(_message.Message):
     def __init__(self, base_url: _Optional[str] = ..., up: _Optional[bool] = ..., outstanding: _Optional[int] = ..., weight_label: _Optional[str] = ..., mean_latency_s: _Optional[float] = ..., failures: _Optional[int] = ...) -> None: ...
 
 class ResumePoint(_message.Message):
-    __slots__ = ("step", "policy_version", "completed_epochs", "trained")
+    __slots__ = ("step", "policy_version", "completed_epochs", "trained", "lineage")
     STEP_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     TRAINED_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
     step: int
     policy_version: int
     completed_epochs: int
     trained: _containers.RepeatedCompositeFieldContainer[PromptKey]
-    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., completed_epochs: _Optional[int] = ..., trained: _Optional[_Iterable[_Union[PromptKey, _Mapping]]] = ...) -> None: ...
+    lineage: _containers.RepeatedCompositeFieldContainer[LineageSegment]
+    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., completed_epochs: _Optional[int] = ..., trained: _Optional[_Iterable[_Union[PromptKey, _Mapping]]] = ..., lineage: _Optional[_Iterable[_Union[LineageSegment, _Mapping]]] = ...) -> None: ...

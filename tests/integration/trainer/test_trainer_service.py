@@ -114,7 +114,8 @@ async def test_checkpoint_resume_keeps_step_version_ledger(shared_vllm, tiny_mod
     assert saved[:2] == (1, 2)
     assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-1"]
 
-    resumed = await build(make_cfg(tiny_model_dir, tmp_path, [shared_vllm.base_url], max_steps=2))
+    resumed = await build(make_cfg(tiny_model_dir, tmp_path, [shared_vllm.base_url], max_steps=2,
+                                   resume_from_checkpoint=True))
     await resumed.start()
     try:
         # Same weights as version 2 were checkpointed, so the cold sync re-labels them as 2.

@@ -21,3 +21,20 @@ def test_oldest_version_ignores_unknown():
     assert oldest_version([4, None, 2, 3], 9) == 2
     assert oldest_version([None], 9) == 9
     assert oldest_version([], 7) == 7
+
+
+def test_lineage_after_resumes():
+    from services.common.versions import Lineage, lineage_from_proto, lineage_to_proto
+
+    plain = Lineage()
+    assert plain.distance(7, 5) == 2 and not plain.stale(7, 5, 2) and plain.stale(8, 5, 2)
+    # Resumed from version 10 while 11-15 had been published: they leave the lineage.
+    once = plain.resumed(10, 16)
+    assert once.segments == ((0, 10, 0), (16, None, 10))
+    assert once.index(12) is None and once.distance(17, 9) == 2 and once.distance(16, 10) == 0
+    assert once.stale(16, 13, 100) and not once.on_lineage([9, 16, 12])
+    # A second resume, from 17 after 18-29 were published; unpublished steps count as one ahead.
+    twice = once.resumed(17, 30, ahead=1)
+    assert twice.segments == ((0, 10, 0), (16, 17, 10), (30, None, 12))
+    assert twice.index(18) is None and twice.distance(30, 10) == 2
+    assert lineage_from_proto(lineage_to_proto(twice)) == twice and lineage_from_proto([]) == plain

@@ -21,7 +21,7 @@ async def test_buffer_pop_fresh_skips_stale(make_sample):
     buf = SampleBuffer(4)
     buf.put(make_sample("old", "g", [1], [2], version=0))
     buf.put(make_sample("new", "g", [1], [3], version=5))
-    fresh, stale = buf.pop_fresh(version=6, max_staleness=2)
+    fresh, stale = buf.pop_fresh(lambda s: is_stale(6, s.policy_version, max_staleness=2))
     assert fresh.sample_id == "new" and [s.sample_id for s in stale] == ["old"]
     assert len(buf) == 0 and not await buf.wait_nonempty(0.01)
 

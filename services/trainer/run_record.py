@@ -1,0 +1,149 @@
+"""The output folder as the record of one run: its id, the highest version ever published,
+and what a fresh start or a resume does to what an earlier trainer left there.
+
+- `run.json` holds the run id and the version high-water mark. A version is reserved here
+  before its weights are pushed, so no number can reach vLLM without being recorded: a
+  resumed trainer publishes above it and never reuses a number for other weights.
+- Which checkpoint to resume (TRL's rule, plus restarts): a trainer started with the run id
+  recorded here is a restart of that run and resumes its latest checkpoint by itself;
+  otherwise `resume_from_checkpoint` decides: true the latest, a path that one, unset or
+  false a fresh run, and the previous run's files move to `previous/<run id>/` (nothing is
+  deleted).
+- On resume from step N, records of later steps in the audit log and the metrics file are
+  moved to `<name>.rolled_back.jsonl`, so the main files hold each step once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import checkpoint
+
+RUN_FILE = "run.json"
+PREVIOUS = "previous"
+
+
+class ResumeError(ValueError):
+    """A resume that cannot happen; the message names the config key."""
+
+
+@dataclass
+class RunRecord:
+    """run.json: which run this folder holds and the highest version it ever published."""
+
+    path: Path
+    run_id: str
+    max_version: int = 0
+
+    def reserve(self, version: int) -> None:
+        """Record `version` before its weights leave the trainer (atomic write)."""
+        if version <= self.max_version:
+            return
+        self.max_version = version
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"run_id": self.run_id, "max_version": version}))
+        os.replace(tmp, self.path)
+
+
+def new_run_id() -> str:
+    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def read(output_dir: Path) -> RunRecord | None:
+    path = output_dir / RUN_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return RunRecord(path, str(data.get("run_id", "")), int(data.get("max_version", 0)))
+
+
+@dataclass(frozen=True)
+class Start:
+    """How this trainer starts: from which checkpoint (None: scratch), as which run."""
+
+    checkpoint: Path | None
+    record: RunRecord
+    restart: bool
+    archived: Path | None = None
+
+
+def plan(output_dir: Path, run_id: str | None, resume_from: bool | str | None,
+         metrics_file: Path | None = None) -> Start:
+    """Decide the start (see the module docstring) and set up run.json for it. A fresh run
+    also moves an earlier metrics file (when it lives outside output_dir) to the archive."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    prev = read(output_dir)
+    restart = bool(run_id) and prev is not None and prev.run_id == run_id
+    if restart:
+        return Start(checkpoint.latest(output_dir), prev, restart=True)
+    if resume_from is True or (isinstance(resume_from, str) and resume_from.lower() == "true"):
+        ckpt = checkpoint.latest(output_dir)
+        if ckpt is None:
+            raise ResumeError(f"resume_from_checkpoint=true, but {output_dir} holds no checkpoint "
+                              "(config key output_dir)")
+        return Start(ckpt, _continued(output_dir, prev, run_id), restart=False)
+    if isinstance(resume_from, str) and resume_from and resume_from.lower() != "false":
+        ckpt = Path(resume_from)
+        if not (ckpt / checkpoint.STATE_FILE).exists():
+            raise ResumeError(f"resume_from_checkpoint={resume_from!r} is not a checkpoint folder "
+                              f"(no {checkpoint.STATE_FILE})")
+        return Start(ckpt, _continued(output_dir, prev, run_id), restart=False)
+    archived = archive_previous(output_dir, prev, metrics_file)
+    record = RunRecord(output_dir / RUN_FILE, run_id or new_run_id())
+    _write(record)
+    return Start(None, record, restart=False, archived=archived)
+
+
+def _continued(output_dir: Path, prev: RunRecord | None, run_id: str | None) -> RunRecord:
+    record = RunRecord(output_dir / RUN_FILE, run_id or (prev.run_id if prev else new_run_id()),
+                       prev.max_version if prev else 0)
+    _write(record)
+    return record
+
+
+def _write(record: RunRecord) -> None:
+    record.path.write_text(json.dumps({"run_id": record.run_id, "max_version": record.max_version}))
+
+
+def archive_previous(output_dir: Path, prev: RunRecord | None, metrics_file: Path | None = None) -> Path | None:
+    """Move an earlier run's checkpoints, logs and run.json to previous/<run id>/."""
+    leftovers = [p for p in output_dir.iterdir()
+                 if p.name == RUN_FILE or p.name.startswith(checkpoint.PREFIX) or p.suffix == ".jsonl"]
+    if metrics_file is not None and metrics_file.exists() and metrics_file.parent != output_dir:
+        leftovers.append(metrics_file)
+    if not leftovers:
+        return None
+    dest = output_dir / PREVIOUS / (prev.run_id if prev and prev.run_id else time.strftime("%Y%m%d-%H%M%S"))
+    if dest.exists():
+        dest = dest.with_name(f"{dest.name}-{uuid.uuid4().hex[:4]}")
+    dest.mkdir(parents=True)
+    for p in leftovers:
+        shutil.move(str(p), dest / p.name)
+    return dest
+
+
+def rewind(path: Path, step: int) -> int:
+    """Move the records of steps after `step` out of a JSONL file; return how many moved."""
+    if not path.exists():
+        return 0
+    keep, moved = [], []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        (moved if isinstance(rec, dict) and int(rec.get("step", 0)) > step else keep).append(line)
+    if moved:
+        with path.with_suffix(".rolled_back.jsonl").open("a") as f:
+            f.write("\n".join(moved) + "\n")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"{line}\n" for line in keep))
+    os.replace(tmp, path)
+    return len(moved)
