@@ -5,8 +5,9 @@ Run:  .venv/bin/python benchmarks/async_speedup.py --steps 30 [--staleness 1,2,4
 Each run is one `agrpo demo` (real vLLM, reward, trainer and rollout processes) with the same
 data, model and seed, and fixed-count steps (token_budget 0: every step trains
 per_device_train_batch_size samples); only `trainer.schedule` (sync: generate one step, train,
-sync, repeat) and `max_staleness` differ. On a CPU machine vLLM's model thread is bound to core 0
-and the trainer runs on core 1 (taskset), so generation and training really run in parallel.
+sync, repeat) and `max_staleness` differ. On a CPU machine the generation side (vLLM, rollout,
+reward) runs on core 0 and the trainer alone on core 1 (taskset), so generation and training
+really run in parallel.
 
 Per run, after `--warmup` steps: step time; for sync, Tg (waiting for samples) and Tt (the rest of
 a step: train and weight sync), and the ideal async speed-up (Tg + Tt) / max(Tg, Tt); for async, the
@@ -57,6 +58,7 @@ def run_numbers(summary: dict, rows: list[dict], warmup: int, group_size: int, g
     drops = summary.get("rollout_drops", {})
     gen_s = summary.get("generation_s", 0.0)
     return {"steps": len(rows), "step_s": step_s, "tg": wait, "tt": step_s - wait,
+            "sync_s": statistics.fmean(_vals(steady, "perf/weight_sync_s")),
             "trainer_idle": sum(_vals(steady, "perf/wait_s")) / span if span > 0 else math.nan,
             "generation_idle": summary.get("generation_idle_s", 0.0) / gen_s if gen_s else math.nan,
             "stale_share": share, "stale_samples": stale,
@@ -72,7 +74,8 @@ def run_one(name: str, schedule: str, staleness: int, seed: int, a) -> dict:
     overrides = {"token_budget": 0, "seed": seed, "trainer": {"schedule": schedule}, **json.loads(a.set or "{}")}
     opts = runner.DemoOptions(steps=a.steps, num_prompts=a.num_prompts, out=out, cache=a.cache,
                               max_staleness=staleness, learning_rate=a.learning_rate, overrides=overrides,
-                              cpus={} if a.no_pin else {"vllm": "0", "trainer": "1"})
+                              cpus={} if a.no_pin else {"vllm": "0", "rollout": "0", "reward": "0",
+                                                        "trainer": "1"})
     print(f"[bench] {name}: schedule={schedule} max_staleness={staleness} seed={seed}", flush=True)
     summary = runner.run(opts)
     rows = report.read_steps(out / "metrics.jsonl")
@@ -87,22 +90,25 @@ def _pct(v) -> str:
 def table(results: list[dict]) -> list[str]:
     """One line per run; async runs against the sync run of the same seed."""
     sync = {r["seed"]: r for r in results if r["schedule"] == "sync"}
-    head = ("run                    step_s    Tg    Tt  ideal  speedup  share  tr_idle%  gen_idle%  stale%  "
+    head = ("run                    step_s    Tg    Tt  ideal ideal_ws speedup  share  tr_idle%  gen_idle%  stale%  "
             "reward10  t_good_s")
     lines = [head, "-" * len(head)]
     for r in results:
         base = sync.get(r["seed"])
-        ideal = speedup = share = None
+        ideal = ideal_ws = speedup = share = None
         if base is not None:
-            tg, tt = base["tg"], base["tt"]
+            tg, tt, ws = base["tg"], base["tt"], base["sync_s"]
             ideal = (tg + tt) / max(tg, tt) if max(tg, tt) > 0 else None
+            # vLLM is paused while weights load: that part of Tt cannot overlap generation.
+            ideal_ws = (tg + tt) / (ws + max(tg, tt - ws)) if tg + tt > 0 else None
             if r["schedule"] == "async":
                 speedup = base["step_s"] / r["step_s"]
                 share = speedup / ideal if ideal else None
         t_good = r["time_to_good_s"]
         lines.append(
             f"{r['name']:<22} {r['step_s']:6.2f} {r['tg']:5.2f} {r['tt']:5.2f} "
-            f"{ideal if ideal else float('nan'):6.2f} {speedup if speedup else float('nan'):8.2f} "
+            f"{ideal if ideal else float('nan'):6.2f} {ideal_ws if ideal_ws else float('nan'):8.2f} "
+            f"{speedup if speedup else float('nan'):7.2f} "
             f"{_pct(share):>6} {_pct(r['trainer_idle']):>9} {_pct(r['generation_idle']):>10} "
             f"{_pct(r['stale_share']):>7} {r['reward_last10'] or float('nan'):9.3f} "
             f"{t_good if t_good is not None else float('nan'):9.1f}")

@@ -15,6 +15,15 @@ which makes math-verify do real symbolic work. Every measured run uses fresh tex
 Speed depends on the machine, so this is a script, not a test:
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/reward_bench.py [--style latex] [--requests 96]
+
+`--overload X` measures shedding instead: capacity (OK scores/s with `--concurrency`
+callers in a closed loop, for `--duration` seconds), then an open loop that sends X times
+that many requests per second for `--duration` seconds, each with a `--deadline`. It
+prints the share of each status code, how long refusals took, and the goodput: OK scores
+per second answered within the deadline, after the first `--warmup` seconds, against
+capacity. The server keeps its default `reward.max_queue` unless `--max-queue` is given:
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/reward_bench.py --overload 10 --duration 45
 """
 
 from __future__ import annotations
@@ -111,15 +120,16 @@ def row(mode: str, concurrency: int, items: int, wall: float, lat: list[float]) 
     return f"| {mode:<8} | {concurrency:>11} | {items / wall:>9.1f} | {p50:>8.1f} | {p99:>8.1f} |"
 
 
-def start_server(workers: int) -> tuple[subprocess.Popen, int]:
+def start_server(workers: int, max_queue: int | None = 1024) -> tuple[subprocess.Popen, int]:
     """`agrpo reward` on a free port; returns once it reports SERVING."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    queue = ["--reward.max_queue", str(max_queue)] if max_queue else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "reward", "--reward.port", str(port),
-         "--reward.metrics_port", "null", "--reward.num_workers", str(workers),
-         "--reward.max_queue", "1024", "--reward_funcs", json.dumps([{"name": "accuracy"}])],
+         "--reward.metrics_port", "null", "--reward.num_workers", str(workers), *queue,
+         "--reward_funcs", json.dumps([{"name": "accuracy"}])],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import grpc
 
@@ -137,7 +147,104 @@ def start_server(workers: int) -> tuple[subprocess.Popen, int]:
     raise RuntimeError("agrpo reward did not start")
 
 
+async def closed_loop(stub, requests: list[pb.ScoreRequest], concurrency: int,
+                      duration_s: float) -> float:
+    """OK scores per second with `concurrency` callers for `duration_s` (fresh requests)."""
+    pending, ok_items = list(requests), 0
+    end = time.perf_counter() + duration_s
+
+    async def caller() -> None:
+        nonlocal ok_items
+        while pending and time.perf_counter() < end:
+            req = pending.pop()
+            await stub.Score(req)
+            ok_items += len(req.items)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return ok_items / (time.perf_counter() - start)
+
+
+async def open_loop(stub, requests: list[pb.ScoreRequest], rate: float, duration_s: float,
+                    deadline_s: float) -> list[tuple[str, float, float, int]]:
+    """Send `rate` requests/s for `duration_s`, each on its own; (code, sent at, latency, items)."""
+    import grpc
+
+    results: list[tuple[str, float, float, int]] = []
+    tasks = []
+    start = time.perf_counter()
+
+    async def one(req: pb.ScoreRequest, sent: float) -> None:
+        try:
+            await stub.Score(req, timeout=deadline_s)
+            code = "OK"
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code().name
+        results.append((code, sent - start, time.perf_counter() - sent, len(req.items)))
+
+    for k, req in enumerate(requests):
+        at = start + k / rate
+        if at - start >= duration_s:
+            break
+        await asyncio.sleep(max(0.0, at - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(req, time.perf_counter())))
+    await asyncio.gather(*tasks)
+    return results
+
+
+def overload_report(results: list[tuple[str, float, float, int]], capacity: float,
+                    duration_s: float, warmup_s: float) -> None:
+    """Codes, refusal and OK latencies, goodput (OK scores/s done inside the window)."""
+    total = len(results)
+    codes: dict[str, int] = {}
+    for code, *_ in results:
+        codes[code] = codes.get(code, 0) + 1
+    print(f"sent {total} requests; " + ", ".join(
+        f"{code} {n / total:.1%}" for code, n in sorted(codes.items(), key=lambda kv: -kv[1])))
+    for code in ("RESOURCE_EXHAUSTED", "OK"):
+        lat = sorted(latency for c, _, latency, _ in results if c == code)
+        if lat:
+            p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))]
+            print(f"{code}: p50 {statistics.median(lat) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
+    ok = sum(items for code, sent, latency, items in results
+             if code == "OK" and warmup_s <= sent + latency <= duration_s)
+    goodput = ok / (duration_s - warmup_s)
+    print(f"goodput {goodput:.1f} scores/s in [{warmup_s:g} s, {duration_s:g} s] against "
+          f"capacity {capacity:.1f} scores/s: {goodput / capacity:.2f}x")
+
+
+async def overload(args: argparse.Namespace) -> None:
+    """Capacity in a closed loop, then `args.overload` times it in an open loop."""
+    proc, port = start_server(args.workers, args.max_queue)
+    channel = open_channel(f"localhost:{port}", [SERVICE], deadline_s=120)
+    stub = reward_grpc.RewardServiceStub(channel)
+    try:
+        await closed_loop(stub, [to_proto(*r) for r in make_requests(args.style, 8, args.group, -1)],
+                          2, 30)  # warm up
+        concurrency = max(args.concurrency)
+        budget = int(args.duration * 400 / args.group) + 64
+        fresh = [to_proto(*r) for r in make_requests(args.style, budget, args.group, 1)]
+        capacity = await closed_loop(stub, fresh, concurrency, args.duration)
+        rate = args.overload * capacity / args.group
+        print(f"accuracy_reward, style={args.style}, groups of {args.group}, {args.workers} workers, "
+              f"{os.cpu_count()} CPUs, max_queue {args.max_queue or 'default'}")
+        print(f"capacity {capacity:.1f} scores/s ({concurrency} callers, closed loop); sending "
+              f"{rate:.1f} requests/s ({args.overload:g}x) for {args.duration:g} s, "
+              f"deadline {args.deadline:g} s")
+        requests = [to_proto(*r) for r in
+                    make_requests(args.style, int(rate * args.duration) + 1, args.group, 2)]
+        results = await open_loop(stub, requests, rate, args.duration, args.deadline)
+        overload_report(results, capacity, args.duration, args.warmup)
+    finally:
+        await channel.close()
+        proc.terminate()
+        proc.wait(30)
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.overload:
+        await overload(args)
+        return
     proc, port = start_server(args.workers)
     channel = open_channel(f"localhost:{port}", [SERVICE], deadline_s=120)
     stub = reward_grpc.RewardServiceStub(channel)
@@ -181,4 +288,12 @@ if __name__ == "__main__":
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--overload", type=float, default=0.0,
+                        help="measure shedding at this multiple of capacity instead")
+    parser.add_argument("--duration", type=float, default=45.0, help="seconds per overload phase")
+    parser.add_argument("--deadline", type=float, default=10.0, help="overload calls' deadline (s)")
+    parser.add_argument("--warmup", type=float, default=5.0,
+                        help="seconds of the overload phase left out of the goodput")
+    parser.add_argument("--max-queue", type=int, default=None,
+                        help="overload: the server's reward.max_queue (default: the server's)")
     asyncio.run(main(parser.parse_args()))

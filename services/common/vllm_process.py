@@ -136,7 +136,7 @@ class VLLMServer:
         self.gpu = gpu
         self.cpus = cpus
         self.max_model_len, self.kv_cache_gib = max_model_len, kv_cache_gib  # CPU only (GpuProfile has its own)
-        """CPU only: the cores vLLM's model threads are bound to (VLLM_CPU_OMP_THREADS_BIND)."""
+        """CPU only: the cores vLLM runs on (taskset) and binds its model threads to."""
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.workdir = Path(tempfile.mkdtemp(prefix="agrpo-vllm-"))
         self.log_path = Path(log_path) if log_path else self.workdir / "server.log"
@@ -149,7 +149,8 @@ class VLLMServer:
         base = self.gpu.args() if self.gpu else (
             "--max-model-len", str(self.max_model_len),
             "--kv-cache-memory-bytes", str(int(self.kv_cache_gib * 2**30)), *self.BASE_ARGS)
-        return [str(vllm_python()), "-m", "vllm.entrypoints.cli.main", "serve", self.model_dir,
+        pin = ["taskset", "-c", self.cpus] if self.cpus and not self.gpu else []
+        return [*pin, str(vllm_python()), "-m", "vllm.entrypoints.cli.main", "serve", self.model_dir,
                 "--host", "127.0.0.1", "--port", str(self.port), *base, *self.extra_args]
 
     def env(self) -> dict[str, str]:
