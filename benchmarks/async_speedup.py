@@ -10,8 +10,9 @@ reward) runs on core 0 and the trainer alone on core 1 (taskset), so generation 
 really run in parallel.
 
 Per run, after `--warmup` steps: step time; for sync, Tg (waiting for samples) and Tt (the rest of
-a step: train and weight sync), and the ideal async speed-up (Tg + Tt) / max(Tg, Tt); for async, the
-speed-up over sync and its share of the ideal; trainer idle % (waiting for samples); generation
+a step: train and weight sync), the ideal async speed-up (Tg + Tt) / max(Tg, Tt), and ideal_ws, the
+same with the weight sync (vLLM paused while weights load) kept serial; for async, the speed-up over
+sync and its share of the ideal; trainer idle % (waiting for samples); generation
 idle % (no request in flight at vLLM); samples dropped stale / generated; the last-10 reward and
 the wall time until the last-10 mean reward first reaches --good. With several seeds it adds the
 mean +- std per schedule and plots reward against step and against wall time (learning.png).
