@@ -54,8 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"agrpo {command}: config error: {exc}", file=sys.stderr)
         return 2
+    from services.common.preflight import STARTUP_ERROR_EXIT, StartupError
+
     module = importlib.import_module(COMMANDS[command][0])
-    return int(module.main(cfg) or 0)
+    try:
+        if hasattr(module, "preflight"):
+            module.preflight(cfg)
+        return int(module.main(cfg) or 0)
+    except StartupError as exc:
+        print(f"agrpo {command}: {exc}", file=sys.stderr)
+        return STARTUP_ERROR_EXIT
 
 
 if __name__ == "__main__":

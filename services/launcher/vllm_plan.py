@@ -16,13 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from services.common.vllm_process import WORKER_EXTENSION, GpuProfile, VLLMServer
+from services.common.preflight import StartupError, check_vllm_urls
+from services.common.vllm_process import GpuProfile, VLLMServer
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
-
-
-class PlanError(ValueError):
-    """A job that cannot get its vLLM servers: the message names the config key."""
 
 
 def has_gpu() -> bool:
@@ -43,16 +40,6 @@ def answers(url: str, timeout_s: float = 2.0) -> bool:
             return r.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
-
-
-def check_url(url: str, key: str = "vllm_server_base_url") -> None:
-    """One-line errors for URLs that cannot be a vLLM server's base (e.g. a /v1 suffix)."""
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise PlanError(f"{key}={url!r} is not an http(s) URL (e.g. http://localhost:8000)")
-    if parsed.path.rstrip("/").endswith("/v1"):
-        raise PlanError(f"{key}={url!r}: give the server's base URL without /v1 "
-                        f"(e.g. {parsed.scheme}://{parsed.netloc})")
 
 
 @dataclass(frozen=True)
@@ -82,11 +69,9 @@ class VllmSettings:
 
 def settings_for(cfg, port: int, gpu: bool | None = None) -> VllmSettings:
     """The server a job would start on `port` for `cfg` (launcher section)."""
-    if not cfg.model:
-        raise PlanError("model is not set: give a local model folder (config key `model`)")
-    if not Path(cfg.model).is_dir():
-        raise PlanError(f"model={cfg.model!r} is not a folder: agrpo runs offline, so `model` must be a "
-                        "local model folder (config key `model`)")
+    if not cfg.model or not Path(cfg.model).is_dir():
+        raise StartupError(f"model={cfg.model!r}: agrpo run starts vLLM on a model folder (config key `model`); "
+                           "for a hub id, start vLLM yourself (agrpo vllm) and point vllm_server_base_url at it")
     launch = cfg.launcher
     gpu = (launch.device == "gpu" or (launch.device == "auto" and has_gpu())) if gpu is None else gpu
     max_len = launch.max_model_len or 1024 + cfg.max_completion_length
@@ -98,23 +83,19 @@ def settings_for(cfg, port: int, gpu: bool | None = None) -> VllmSettings:
 def servers_to_start(cfg) -> list[tuple[str, int]]:
     """(url, port) of every configured server the job must start itself; [] when all answer.
 
-    Raises PlanError naming the key when a server neither answers nor can be started here."""
+    Raises StartupError naming the key when a server neither answers nor can be started here."""
+    check_vllm_urls(cfg)
     urls, key = cfg.vllm_urls, "vllm_server_base_urls" if cfg.vllm_server_base_urls else "vllm_server_base_url"
     mode = cfg.launcher.vllm
     todo = []
     for url in urls:
-        check_url(url, key)
         if mode != "start" and answers(url):
             continue
         if mode == "external":
-            raise PlanError(f"no vLLM server answers at {key}={url!r} (launcher.vllm=external)")
+            raise StartupError(f"no vLLM server answers at {key}={url!r} (launcher.vllm=external)")
         parsed = urlparse(url)
         if parsed.hostname not in LOCAL_HOSTS:
-            raise PlanError(f"no vLLM server answers at {key}={url!r}, and agrpo run starts vLLM only on "
+            raise StartupError(f"no vLLM server answers at {key}={url!r}, and agrpo run starts vLLM only on "
                             "localhost URLs")
         todo.append((url, parsed.port or 80))
     return todo
-
-
-__all__ = ["WORKER_EXTENSION", "PlanError", "VllmSettings", "answers", "check_url", "has_gpu",
-           "servers_to_start", "settings_for"]

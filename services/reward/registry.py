@@ -49,6 +49,16 @@ class FunctionInfo:
     builtin: bool
 
 
+def check_names(cfg: Any) -> None:
+    """Every configured name is a built-in or a `module:callable` (one line naming the key)."""
+    from services.common.preflight import StartupError
+
+    for i, fc in enumerate(cfg.reward_funcs):
+        if ":" not in fc.name and builtins.builtin_key(fc.name) is None:
+            raise StartupError(f"reward_funcs[{i}].name={fc.name[:80]!r}: not a built-in "
+                               f"({', '.join(builtins.BUILTINS)}) nor a module:callable")
+
+
 def specs_from_config(cfg: Any) -> list[FunctionSpec]:
     """The configured functions (default-enabled, weights from `reward_weights` when set),
     then, if `reward.offer_builtins`, every parameter-free built-in not configured."""

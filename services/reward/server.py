@@ -82,6 +82,16 @@ async def serve(cfg: AgrpoConfig) -> int:
     return 0
 
 
+def preflight(cfg: AgrpoConfig) -> None:
+    """One-line start-up errors (services/common/preflight.py): ports, function names."""
+    from services.common.preflight import check_service_ports
+
+    from .registry import check_names
+
+    check_service_ports(cfg, "reward")
+    check_names(cfg)
+
+
 def main(cfg: AgrpoConfig) -> int:
     """`agrpo reward` entry point."""
     setup_logging("reward", cfg.log_format)

@@ -81,6 +81,15 @@ async def serve(cfg) -> None:
         await svc.stop()
 
 
+def preflight(cfg) -> None:
+    """One-line start-up errors (services/common/preflight.py): ports, data, vLLM URLs."""
+    from services.common.preflight import check_dataset, check_service_ports, check_vllm_urls
+
+    check_service_ports(cfg, "rollout")
+    check_dataset(cfg)
+    check_vllm_urls(cfg)
+
+
 def main(cfg) -> int:
     setup_logging("rollout", cfg.log_format, cfg.log_level)
     log.info("config: %s", cfg.model_dump_json(exclude={"auth"}))

@@ -15,6 +15,7 @@ from pathlib import Path
 from services.common.config import AgrpoConfig
 from services.common.identity import Identity
 from services.common.logging import get_logger
+from services.common.preflight import StartupError
 
 from . import checkpoint, run_record
 from .buffer import SampleBuffer
@@ -88,7 +89,13 @@ class TrainerApp:
         """Load the model (or the checkpoint), open the weight syncer, cold-sync every server."""
         from .setup import build_loop
 
-        self.loop = await asyncio.to_thread(build_loop, self)
+        try:
+            self.loop = await asyncio.to_thread(build_loop, self)
+        except (OSError, ValueError) as exc:
+            key = (f"resume_from_checkpoint ({self.resumed_from})" if self.resumed_from
+                   else f"model={self.cfg.model!r}")
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise StartupError(f"{key} cannot be loaded: {first}") from exc
         await self.loop.syncer.open()
         await self.loop.cold_sync()
         self.ready = True

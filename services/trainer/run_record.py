@@ -114,12 +114,13 @@ def _write(record: RunRecord) -> None:
 
 def archive_previous(output_dir: Path, prev: RunRecord | None, metrics_file: Path | None = None) -> Path | None:
     """Move an earlier run's checkpoints, logs and run.json to previous/<run id>/."""
-    leftovers = [p for p in output_dir.iterdir()
-                 if p.name == RUN_FILE or p.name.startswith(checkpoint.PREFIX) or p.suffix == ".jsonl"]
+    leftovers = [p for p in output_dir.iterdir() if p.name.startswith(checkpoint.PREFIX) or p.suffix == ".jsonl"]
     if metrics_file is not None and metrics_file.exists() and metrics_file.parent != output_dir:
         leftovers.append(metrics_file)
-    if not leftovers:
+    if not leftovers:  # nothing trained there (a run.json alone is simply replaced)
         return None
+    if (output_dir / RUN_FILE).exists():
+        leftovers.append(output_dir / RUN_FILE)
     dest = output_dir / PREVIOUS / (prev.run_id if prev and prev.run_id else time.strftime("%Y%m%d-%H%M%S"))
     if dest.exists():
         dest = dest.with_name(f"{dest.name}-{uuid.uuid4().hex[:4]}")

@@ -17,6 +17,7 @@ from agrpo.v1 import common_pb2
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 from services.common.config import AgrpoConfig
 from services.common.logging import get_logger, setup_logging
+from services.common.preflight import StartupError
 from services.common.server import GrpcServer
 
 from .app import TrainerApp
@@ -58,6 +59,10 @@ class TrainerService:
     async def _boot(self) -> None:
         try:
             await self.app.boot()
+        except StartupError as exc:  # the model or checkpoint cannot be loaded: one line
+            self.failed = exc
+            log.error("cannot start the trainer: %s", exc)
+            raise
         except BaseException as exc:
             self.failed = exc
             log.exception("trainer failed to start")
@@ -105,11 +110,23 @@ async def serve(cfg: AgrpoConfig) -> int:
     waiter = asyncio.create_task(svc.grpc_server.wait_for_stop())
     await asyncio.wait([waiter, svc._boot_task], return_when=asyncio.FIRST_COMPLETED)
     if svc.failed is not None:
+        svc._boot_task.exception()  # retrieved: the failure was logged above
         await svc.stop()
+        if isinstance(svc.failed, StartupError):
+            raise svc.failed  # the CLI prints it as one line and exits 2
         return 1
     await waiter
     await svc.stop()
     return 0
+
+
+def preflight(cfg: AgrpoConfig) -> None:
+    """One-line start-up errors (services/common/preflight.py): ports, model, vLLM URLs, resume."""
+    from services.common.preflight import check_model, check_service_ports, check_vllm_urls
+
+    check_service_ports(cfg, "trainer")
+    check_model(cfg)
+    check_vllm_urls(cfg)
 
 
 def main(cfg: AgrpoConfig) -> int:

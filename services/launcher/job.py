@@ -1,0 +1,164 @@
+"""One training job on this machine: vLLM (unless it runs already), reward, trainer, rollout.
+
+The job checks what it can before starting anything (ports, model, data, vLLM URLs: one
+line each), starts the services in order under a supervisor, shows progress, and exits 0
+once the trainer reports training done, stopping everything it started. Ctrl-C (or SIGTERM)
+stops it cleanly: the trainer finishes its step and checkpoints as `save_strategy` asks; a
+second Ctrl-C kills at once. Every service gets the job's run id (AGRPO_RUN_ID), so one the
+supervisor restarts resumes this run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.preflight import StartupError
+
+from .preflight import check_job
+
+from .processes import ServiceProcess, agrpo_argv, get_status, is_done
+from .progress import StepFollower
+from .supervisor import RestartPolicy, Supervised
+from .vllm_plan import servers_to_start, settings_for
+
+ORDER = ("reward", "trainer", "rollout")
+
+
+@dataclass
+class JobOptions:
+    """How the job runs beyond the config."""
+
+    config_path: Path
+    extra_flags: tuple[str, ...] = ()
+    """Config flags given on the command line (passed to every service)."""
+    cpus: dict[str, str] = field(default_factory=dict)
+    """taskset cores per service ("vllm", "trainer", ...), e.g. for benchmarks on 2 cores."""
+    env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Extra environment per service."""
+    quiet: bool = False
+
+
+class Job:
+    """Starts, watches and stops everything one job needs."""
+
+    def __init__(self, cfg, opts: JobOptions) -> None:
+        self.cfg, self.opts = cfg, opts
+        self.out = Path(cfg.resolved_output_dir)
+        self.logs = self.out / "logs"
+        self.run_id = cfg.run_id or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.vllm_servers: list = []
+        self.services: dict[str, Supervised] = {}
+        self.stopping = False
+        self.started_at = time.monotonic()
+
+    def say(self, line: str) -> None:
+        if not self.opts.quiet:
+            print(line, flush=True)
+
+    # Start-up
+    def start(self) -> None:
+        """Preflight, vLLM, then reward -> trainer -> rollout, each once healthy."""
+        check_job(self.cfg)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        for url, port in servers_to_start(self.cfg):
+            settings = settings_for(self.cfg, port)
+            self.say(f"[run] starting vLLM for {url} ({'GPU' if settings.gpu else 'CPU'}, "
+                     f"max_model_len {settings.max_model_len}); log {self.logs / 'vllm.log'}")
+            server = settings.server(self.logs / f"vllm-{port}.log", self.cfg.launcher.ready_timeout_s)
+            server.cpus = self.opts.cpus.get("vllm")
+            self.vllm_servers.append(server.start())
+            self.say(f"[run] vLLM healthy after {server.startup_s:.0f} s")
+        policy = RestartPolicy(self.cfg.launcher.max_restarts, self.cfg.launcher.restart_window_s)
+        for name in ORDER:
+            proc = ServiceProcess(name, self._argv(name), self.logs / f"{name}.log", self._env(name))
+            self.services[name] = Supervised(proc, policy, say=self.say)
+            self.say(f"[run] starting {name}")
+            self.services[name].start()
+            section = getattr(self.cfg, name)
+            proc.wait_healthy(f"127.0.0.1:{section.port}", "", self.cfg.launcher.ready_timeout_s)
+
+    def _argv(self, name: str) -> list[str]:
+        return agrpo_argv(name, self.opts.config_path, *self.opts.extra_flags, cpus=self.opts.cpus.get(name))
+
+    def _env(self, name: str) -> dict[str, str]:
+        env = {"AGRPO_RUN_ID": self.run_id, **self.opts.env.get(name, {})}
+        if name == "trainer":
+            env["AGRPO_TRAINER__EXIT_WHEN_DONE"] = "true"
+        return env
+
+    # Running
+    def watch(self, follower: StepFollower | None) -> None:
+        """Until training is done; raises StartupError (fatal) with a service's last lines."""
+        trainer_addr = f"127.0.0.1:{self.cfg.trainer.port}"
+        while True:
+            if follower is not None:
+                follower.poll()
+            for svc in self.services.values():
+                fatal = svc.check()
+                if fatal:
+                    raise StartupError(fatal)
+            trainer = self.services["trainer"]
+            if trainer.done or is_done(get_status(trainer_addr, "trainer")):
+                return
+            time.sleep(0.5)
+
+    def stop(self, kill: bool = False) -> None:
+        """Trainer first (it finishes its step and checkpoints), then rollout, reward, vLLM."""
+        grace = 0 if kill else self.cfg.trainer.grace_s + 30
+        for name in ("trainer", "rollout", "reward"):
+            svc = self.services.get(name)
+            if svc is not None:
+                svc.done = True
+                svc.process.stop(grace_s=grace if name == "trainer" else min(grace, 15))
+        for server in reversed(self.vllm_servers):
+            server.stop(grace=0 if kill else 20)
+        self.vllm_servers.clear()
+
+    def run(self) -> int:
+        """The whole job; the exit status (0 done, 1 failed, 130 interrupted)."""
+        follower = None
+        interrupted = _interrupts()
+        try:
+            self.start()
+            total = self.cfg.max_steps if self.cfg.max_steps > 0 else None
+            follower = StepFollower(self._metrics_file(), total, disable_bar=bool(self.cfg.disable_tqdm))
+            self.watch(follower)
+            follower.poll()
+            self.say(f"[run] training done in {time.monotonic() - self.started_at:.0f} s; "
+                     f"output in {self.out}")
+            return 0
+        except KeyboardInterrupt:
+            self.say("\n[run] stopping: the trainer finishes its step (Ctrl-C again to kill everything)")
+            try:
+                self.stop()
+            except KeyboardInterrupt:
+                self.stop(kill=True)
+            return 130
+        finally:
+            if follower is not None:
+                follower.close()
+            self.stop(kill=interrupted.count > 1)
+
+    def _metrics_file(self) -> Path:
+        return Path(self.cfg.trainer.metrics_jsonl or self.out / "metrics.jsonl")
+
+
+class _Interrupts:
+    count = 0
+
+
+def _interrupts() -> _Interrupts:
+    """SIGTERM unwinds like Ctrl-C; the count tells a second one apart."""
+    state = _Interrupts()
+
+    def handler(signum, frame):
+        state.count += 1
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return state
