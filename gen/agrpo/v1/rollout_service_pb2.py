@@ -25,13 +25,14 @@ _sym_db = _symbol_database.Default()
 from agrpo.v1 import common_pb2 as agrpo_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x61grpo/v1/rollout_service.proto\x12\x08\x61grpo.v1\x1a\x15\x61grpo/v1/common.proto2\x9c\x01\n\x0eRolloutService\x12\x44\n\tHeartbeat\x12\x1a.agrpo.v1.HeartbeatRequest\x1a\x1b.agrpo.v1.HeartbeatResponse\x12\x44\n\tGetStatus\x12\x1a.agrpo.v1.GetStatusRequest\x1a\x1b.agrpo.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x61grpo/v1/rollout_service.proto\x12\x08\x61grpo.v1\x1a\x15\x61grpo/v1/common.proto2\x9c\x01\n\x0eRolloutService\x12\x44\n\tHeartbeat\x12\x1a.agrpo.v1.HeartbeatRequest\x1a\x1b.agrpo.v1.HeartbeatResponse\x12\x44\n\tGetStatus\x12\x1a.agrpo.v1.GetStatusRequest\x1a\x1b.agrpo.v1.GetStatusResponseB@\n\x08\x61grpo.v1B\x13RolloutServiceProtoP\x01Z\x1d\x61grpo/gen/go/agrpo/v1;agrpov1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agrpo.v1.rollout_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\010agrpo.v1B\023RolloutServiceProtoP\001Z\035agrpo/gen/go/agrpo/v1;agrpov1'
   _globals['_ROLLOUTSERVICE']._serialized_start=68
   _globals['_ROLLOUTSERVICE']._serialized_end=224
 # @@protoc_insertion_point(module_scope)
