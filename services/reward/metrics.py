@@ -13,10 +13,9 @@ class RewardMetrics:
     def __init__(self) -> None:
         m = self.metrics = Metrics("reward")
         self.registry = m.registry
-        self.requests = m.counter("requests", "Calls by RPC and final status code (cancelled, "
-                                  "past the deadline and unauthenticated included); for "
-                                  "ScoreStream, each request on a stream by the code in its "
-                                  "response, and a stream that ends in an error.",
+        self.requests = m.counter("requests", "Calls by RPC and final status code, refused, "
+                                  "cancelled and past-deadline ones included; ScoreStream: "
+                                  "each request on a stream, and a stream ending in an error.",
                                   ("method", "code"))
         self.latency = m.histogram("function_latency_seconds",
                                    "Wall time of one reward-function call on one request.",
