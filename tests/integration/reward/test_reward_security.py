@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -144,3 +146,14 @@ async def test_tls_and_mtls(pki: Path):
             assert values(resp, "think_format_reward") == [1.0]
         no_cert = grpc.ssl_channel_credentials(root_certificates=(pki / "ca.pem").read_bytes())
         assert await _refused(grpc.aio.secure_channel(f"localhost:{srv.port}", no_cert))
+        # The way in for probes under mTLS (Kubernetes' grpc: probes are plaintext only).
+        certs = ["--ca", str(pki / "ca.pem"), "--cert", str(pki / "client.pem"),
+                 "--key", str(pki / "client.key")]
+        assert await asyncio.to_thread(_probe, srv.port, certs) == 0
+        assert await asyncio.to_thread(_probe, srv.port, []) == 1  # plaintext is refused
+
+
+def _probe(port: int, args: list[str]) -> int:
+    probe = Path(__file__).resolve().parents[3] / "deploy" / "docker" / "grpc_health_probe.py"
+    return subprocess.run([sys.executable, str(probe), f"localhost:{port}", "--service", SERVICE,
+                           "--timeout", "10", *args], capture_output=True).returncode
