@@ -13,6 +13,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTO_ROOT = ROOT / "protos"
+# agrpo/__init__.py: the Python API, imported lazily so the generated stubs stay light.
+TOP_INIT = '''"""agrpo: `from agrpo import AsyncGRPOTrainer, AsyncGRPOConfig` (services/api); the protobuf
+contract of the services is `agrpo.v1`, generated from protos/ by scripts/gen_protos.py."""
+
+__all__ = ["AsyncGRPOConfig", "AsyncGRPOTrainer"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from services import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'agrpo' has no attribute {name!r}")
+'''
 
 
 def generate(out: Path) -> list[Path]:
@@ -27,8 +41,9 @@ def generate(out: Path) -> list[Path]:
             f"--pyi_out={out}", f"--grpc_python_out={out}", *protos]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
-    for pkg in {p.parent for p in out.rglob("*_pb2.py")} | {out / "agrpo"}:
+    for pkg in {p.parent for p in out.rglob("*_pb2.py")}:
         (pkg / "__init__.py").touch()
+    (out / "agrpo" / "__init__.py").write_text(TOP_INIT)
     return sorted(out.rglob("*.py*"))
 
 

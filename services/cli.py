@@ -13,6 +13,8 @@ COMMANDS = {
     "reward": ("services.reward.server", "Serve the reward API (RewardService)."),
     "rollout": ("services.rollout.server", "Generate with vLLM, score, stream samples to the trainer."),
     "trainer": ("services.trainer.server", "Train on samples, sync weights into vLLM, publish versions."),
+    "run": ("services.launcher.cli", "Run a whole job: vLLM, reward, trainer, rollout (see --help)."),
+    "vllm": ("services.launcher.cli", "Start the vLLM server agrpo needs, or print its command (see --help)."),
     "demo": ("services.demo.cli", "Run the whole system locally and train a small task (see --help)."),
 }
 
@@ -44,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if command == "demo":  # its own options, not config keys
         return int(importlib.import_module(COMMANDS[command][0]).main(rest) or 0)
+    if command in ("run", "vllm"):
+        from services.launcher import cli as launcher
+
+        return int((launcher.run_main if command == "run" else launcher.vllm_main)(rest) or 0)
     if any(a in ("-h", "--help") for a in rest):
         print(f"agrpo {command}: {COMMANDS[command][1]}\n\n{_usage()}")
         return 0

@@ -8,6 +8,7 @@ Port 0 binds a free port; `GrpcServer.port` reports it.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Callable, Iterable, Sequence
 
@@ -83,20 +84,44 @@ class GrpcServer:
         await self.server.stop(self.section.grace_s if grace_s is None else grace_s)
         log.info("gRPC server stopped")
 
-    async def wait_for_stop(self) -> None:
-        """Block until SIGTERM/SIGINT (then stop gracefully) or until stop() is called."""
+    async def wait_for_stop(self, signals: StopSignals | None = None) -> None:
+        """Block until a stop signal (then stop gracefully) or until stop() is called."""
+        signals = signals or StopSignals().install()
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        requested = asyncio.ensure_future(signals.requested.wait())
+        await asyncio.wait([stopped, requested], return_when=asyncio.FIRST_COMPLETED)
+        requested.cancel()
+        await self.stop()
+        await self.server.wait_for_termination()
+
+
+class StopSignals:
+    """SIGTERM / SIGINT: the first asks for a clean stop (`requested`), a second exits at once.
+
+    Installed at the very start of a service, so a stop also works while it still waits for
+    a peer (vLLM, the trainer) or loads a model.
+    """
+
+    def __init__(self) -> None:
+        self.requested = asyncio.Event()
+        self.count = 0
+
+    def install(self) -> StopSignals:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
-                loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(self._on_signal(s)))
+                loop.add_signal_handler(sig, self._on_signal, sig)
             except (NotImplementedError, RuntimeError):  # not the main thread
                 pass
-        await self._stopped.wait()
-        await self.server.wait_for_termination()
+        return self
 
-    async def _on_signal(self, sig: signal.Signals) -> None:
-        log.info("received %s, shutting down", sig.name)
-        await self.stop()
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self.count += 1
+        if self.count > 1:
+            log.warning("received %s again: exiting now", sig.name)
+            os._exit(130)
+        log.info("received %s: stopping (send it again to exit at once)", sig.name)
+        self.requested.set()
 
 
 def _tls_mode(tls: TLSConfig | None) -> str:

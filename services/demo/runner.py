@@ -1,14 +1,16 @@
 """Run the whole system on localhost: vLLM, reward, trainer and rollout as processes.
 
-Each process gets OMP_NUM_THREADS=1 (2-core machines). The trainer's metrics JSONL is
-followed to print a line per step; when the trainer finishes, everything is stopped
-(also on Ctrl-C or a failure), a plot and a summary are written. With `gpu` set, vLLM
-and the trainer each get a GPU and weights travel over NCCL (services/demo/gpu.py).
+Each process gets OMP_NUM_THREADS=1 (2-core machines). The services run as an `agrpo run`
+job (services/launcher): supervised, a line per step; when the trainer finishes,
+everything is stopped (also on Ctrl-C or a failure), a plot and a summary are written.
+With `gpu` set, vLLM and the trainer each get a GPU and weights travel over NCCL
+(services/demo/gpu.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -21,7 +23,9 @@ from services.common.vllm_process import VLLMServer, free_port, supports_scale_o
 
 from . import gpu as gpu_mode
 from . import models, report
-from services.launcher.processes import ServiceProcess, agrpo_argv, get_status, is_done, status_numbers
+from services.common.config import load_config
+from services.launcher.job import Job, JobOptions
+from services.launcher.progress import StepFollower
 from .task import write_arithmetic_dataset
 
 
@@ -90,56 +94,6 @@ def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str) 
     return path
 
 
-class _Watch:
-    """The services' last GetStatus answers (the rollout exits once training is done,
-    so its last answer is kept, polled every few seconds)."""
-
-    def __init__(self, trainer_addr: str, rollout_addr: str, rollout_every_s: float = 5.0):
-        self.trainer_addr, self.rollout_addr, self.every = trainer_addr, rollout_addr, rollout_every_s
-        self.trainer = self.rollout = None
-        self._next_rollout = 0.0
-
-    def poll(self) -> bool:
-        """Refresh; True once the trainer is done (the rollout is asked once more then)."""
-        self.trainer = get_status(self.trainer_addr, "trainer") or self.trainer
-        done = is_done(self.trainer)
-        if done or time.monotonic() >= self._next_rollout:
-            self.rollout = get_status(self.rollout_addr, "rollout") or self.rollout
-            self._next_rollout = time.monotonic() + self.every
-        return done
-
-    def numbers(self) -> dict:
-        return status_numbers(self.trainer, self.rollout)
-
-
-def _follow(metrics: Path, trainer: ServiceProcess, watch: _Watch, others: list[ServiceProcess],
-            total: int | None, timeout_s: float) -> list[dict]:
-    """Print a line per new step until the trainer is done; return every step record."""
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, unit="step", dynamic_ncols=True, leave=True)
-    seen, t_end = 0, time.monotonic() + timeout_s
-    try:
-        while True:
-            rows = report.read_steps(metrics)
-            for row in rows[seen:]:
-                bar.write(report.step_line(row))
-                bar.update(1)
-            seen = len(rows)
-            if not trainer.alive():
-                raise RuntimeError(f"trainer exited with code {trainer.proc.returncode}:\n{trainer.log_tail()}")
-            if watch.poll():
-                return report.read_steps(metrics)
-            for proc in others:  # rollout exits 0 by itself once training is done
-                if not proc.alive() and proc.proc.returncode != 0:
-                    raise RuntimeError(f"{proc.name} died:\n{proc.log_tail()}")
-            if time.monotonic() > t_end:
-                raise TimeoutError(f"demo did not finish within {timeout_s:.0f} s")
-            time.sleep(0.5)
-    finally:
-        bar.close()
-
-
 def _model_dir(opts: DemoOptions) -> Path:
     if opts.model_path:
         return opts.model_path.resolve()
@@ -161,8 +115,9 @@ def start_vllm(opts: DemoOptions, model_dir: Path, log_path: Path) -> VLLMServer
 
 
 def run(opts: DemoOptions) -> dict:
-    """Start everything, train, stop everything; return the summary. On a failure the
-    summary of what did run is still written (with "error"), then the error is raised."""
+    """Start vLLM, then the job (services/launcher), train, stop everything; return the
+    summary. On a failure the summary of what did run is still written (with "error"),
+    then the error is raised."""
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "metrics.jsonl").unlink(missing_ok=True)
     (opts.out / "summary.json").unlink(missing_ok=True)
@@ -173,39 +128,35 @@ def run(opts: DemoOptions) -> dict:
     # math-verify (the accuracy reward) reads a \boxed{} answer first.
     instruction = " Put the final answer in \\boxed{}." if opts.model == "smollm2" else ""
     data = write_arithmetic_dataset(opts.out / "prompts.jsonl", opts.num_prompts, instruction=instruction)
-    logs, started, info = opts.out / "logs", [], {"mode": "gpu" if opts.gpu else "cpu", "model": str(model_dir)}
-    cfg, watch = None, None
+    info = {"mode": "gpu" if opts.gpu else "cpu", "model": str(model_dir)}
+    cfg = job = follower = vllm = None
     t0 = time.monotonic()
     try:
-        vllm = start_vllm(opts, model_dir, logs / "vllm.log")
-        started.append(vllm)
+        vllm = start_vllm(opts, model_dir, opts.out / "logs" / "vllm.log")
         info["vllm_startup_s"] = round(vllm.startup_s, 1)
         print(f"[demo] vLLM healthy after {vllm.startup_s:.0f} s", flush=True)
         config = write_config(opts, model_dir, data, vllm.base_url)
-        cfg = yaml.safe_load(config.read_text())
-        info["weight_transport"] = cfg["trainer"].get("weight_transport", "auto")
-        info["weight_load"] = cfg["trainer"].get("weight_load", "auto")
-        procs = {}
-        for svc, ready_s in (("reward", 120), ("trainer", 300), ("rollout", 120)):
-            print(f"[demo] starting {svc}", flush=True)
-            proc = ServiceProcess(svc, agrpo_argv(svc, config, cpus=opts.cpus.get(svc)), logs / f"{svc}.log",
-                                  env=gpu_mode.service_env(svc, opts.gpu)).start()
-            started.append(proc)
-            proc.wait_healthy(f"127.0.0.1:{cfg[svc]['port']}", "", ready_s)
-            procs[svc] = proc
-        total = None if opts.epochs else opts.steps
-        watch = _Watch(f"127.0.0.1:{cfg['trainer']['port']}", f"127.0.0.1:{cfg['rollout']['port']}")
-        _follow(opts.out / "metrics.jsonl", procs["trainer"], watch,
-                [procs["reward"], procs["rollout"]], total, opts.timeout_s)
+        cfg = load_config(["--config", str(config)], {k: v for k, v in os.environ.items() if k != "AGRPO_CONFIG"})
+        info["weight_transport"], info["weight_load"] = cfg.trainer.weight_transport, cfg.trainer.weight_load
+        env = {svc: gpu_mode.service_env(svc, opts.gpu) for svc in ("reward", "trainer", "rollout")}
+        job = Job(cfg, JobOptions(config, cpus=opts.cpus, env=env, timeout_s=opts.timeout_s))
+        job.start()
+        follower = StepFollower(opts.out / "metrics.jsonl", None if opts.epochs else opts.steps)
+        job.watch(follower)
+        follower.poll()
     except BaseException as exc:
         info["error"] = ("interrupted (SIGTERM or Ctrl-C)" if isinstance(exc, KeyboardInterrupt)
                          else f"{type(exc).__name__}: {str(exc)[:2000]}")
         raise
     finally:
-        for proc in reversed(started):
-            proc.stop()
+        if follower is not None:
+            follower.close()
+        if job is not None:
+            job.stop()
+        if vllm is not None:
+            vllm.stop()
         try:
-            result = _write_summary(opts, time.monotonic() - t0, cfg, watch, info)
+            result = _write_summary(opts, time.monotonic() - t0, cfg, job.numbers() if job else {}, info)
         except Exception as exc:
             if "error" not in info:
                 raise
@@ -213,13 +164,11 @@ def run(opts: DemoOptions) -> dict:
     return result
 
 
-def _write_summary(opts: DemoOptions, wall_s: float, cfg: dict | None, watch: _Watch | None,
-                   info: dict) -> dict:
+def _write_summary(opts: DemoOptions, wall_s: float, cfg, status: dict, info: dict) -> dict:
     """summary.json (+ the plot) from the metrics written so far and the last statuses."""
     rows = report.read_steps(opts.out / "metrics.jsonl")
-    max_staleness = cfg["max_staleness"] if cfg else opts.max_staleness
-    result = report.summary(rows, wall_s, max_staleness, watch.numbers() if watch else {},
-                            cfg["num_generations"] if cfg else 8)
+    max_staleness = cfg.max_staleness if cfg else opts.max_staleness
+    result = report.summary(rows, wall_s, max_staleness, status, cfg.num_generations if cfg else 8)
     result.update(info)
     result["plot"] = str(report.plot(rows, opts.out / "reward_loss.png")) if rows else None
     (opts.out / "summary.json").write_text(json.dumps(result, indent=2))

@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.preflight import StartupError
+from services.common.preflight import STARTUP_ERROR_EXIT, StartupError
 
 from .preflight import check_job
 
-from .processes import ServiceProcess, agrpo_argv, get_status, is_done
+from .processes import ServiceProcess, agrpo_argv, get_status, is_done, status_numbers
 from .progress import StepFollower
 from .supervisor import RestartPolicy, Supervised
 from .vllm_plan import servers_to_start, settings_for
@@ -39,6 +39,8 @@ class JobOptions:
     """taskset cores per service ("vllm", "trainer", ...), e.g. for benchmarks on 2 cores."""
     env: dict[str, dict[str, str]] = field(default_factory=dict)
     """Extra environment per service."""
+    timeout_s: float | None = None
+    """Give up (TimeoutError) when training is not done by then."""
     quiet: bool = False
 
 
@@ -52,8 +54,10 @@ class Job:
         self.run_id = cfg.run_id or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.vllm_servers: list = []
         self.services: dict[str, Supervised] = {}
-        self.stopping = False
         self.started_at = time.monotonic()
+        self.status: dict = {"trainer": None, "rollout": None}
+        """The last GetStatus answers of trainer and rollout (kept once they exit)."""
+        self._rollout_polled = 0.0
 
     def say(self, line: str) -> None:
         if not self.opts.quiet:
@@ -79,7 +83,12 @@ class Job:
             self.say(f"[run] starting {name}")
             self.services[name].start()
             section = getattr(self.cfg, name)
-            proc.wait_healthy(f"127.0.0.1:{section.port}", "", self.cfg.launcher.ready_timeout_s)
+            try:
+                proc.wait_healthy(f"127.0.0.1:{section.port}", "", self.cfg.launcher.ready_timeout_s)
+            except RuntimeError:
+                if proc.proc.poll() == STARTUP_ERROR_EXIT:  # its one-line start-up error, as is
+                    raise StartupError(proc.log_tail(1).strip()) from None
+                raise
 
     def _argv(self, name: str) -> list[str]:
         return agrpo_argv(name, self.opts.config_path, *self.opts.extra_flags, cpus=self.opts.cpus.get(name))
@@ -92,19 +101,37 @@ class Job:
 
     # Running
     def watch(self, follower: StepFollower | None) -> None:
-        """Until training is done; raises StartupError (fatal) with a service's last lines."""
-        trainer_addr = f"127.0.0.1:{self.cfg.trainer.port}"
+        """Until training is done; raises RuntimeError with a service's last lines when one
+        keeps crashing, TimeoutError past `timeout_s`."""
+        deadline = self.started_at + self.opts.timeout_s if self.opts.timeout_s else None
         while True:
             if follower is not None:
                 follower.poll()
             for svc in self.services.values():
                 fatal = svc.check()
                 if fatal:
-                    raise StartupError(fatal)
-            trainer = self.services["trainer"]
-            if trainer.done or is_done(get_status(trainer_addr, "trainer")):
+                    raise RuntimeError(fatal)
+            done = self._poll_status()
+            if self.services["trainer"].done or done:
+                self._poll_status(rollout=True)
                 return
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"training not done within {self.opts.timeout_s:.0f} s")
             time.sleep(0.5)
+
+    def _poll_status(self, rollout: bool = False) -> bool:
+        """Refresh the statuses (rollout every 5 s, or now); True once the trainer says DONE."""
+        trainer = get_status(f"127.0.0.1:{self.cfg.trainer.port}", "trainer")
+        self.status["trainer"] = trainer or self.status["trainer"]
+        if rollout or time.monotonic() - self._rollout_polled > 5.0:
+            self.status["rollout"] = get_status(f"127.0.0.1:{self.cfg.rollout.port}", "rollout") or \
+                self.status["rollout"]
+            self._rollout_polled = time.monotonic()
+        return is_done(trainer)
+
+    def numbers(self) -> dict:
+        """Plain numbers of the last statuses (processes.status_numbers)."""
+        return status_numbers(self.status["trainer"], self.status["rollout"])
 
     def stop(self, kill: bool = False) -> None:
         """Trainer first (it finishes its step and checkpoints), then rollout, reward, vLLM."""

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import inspect
 import math
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from services.common.imports import load_object
 
 from . import builtins
 from .results import TimedOut
@@ -84,20 +83,6 @@ def callable_name(fn: Any) -> str:
     return name if isinstance(name, str) else type(fn).__name__
 
 
-def _import(target: str) -> Any:
-    """Resolve `package.module:attr.path`; the working directory is importable, as with
-    `python -m`, so a reward module next to the config is found."""
-    module_name, sep, attr_path = target.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise ValueError(f"reward function {target!r}: expected a built-in name or 'module:callable'")
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
-    obj: Any = importlib.import_module(module_name)
-    for part in attr_path.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def _required_columns(fn: Any) -> tuple[str, ...]:
     """Parameters a user function needs beyond the reserved ones: dataset columns."""
     declared = getattr(fn, "required_columns", None)
@@ -124,7 +109,7 @@ def load(spec: FunctionSpec) -> tuple[Callable[..., Any], FunctionInfo]:
         if spec.source.startswith("builtin:"):
             fn = builtins.create(spec.source.removeprefix("builtin:"), spec.kwargs)
         else:
-            fn = _import(spec.source)
+            fn = load_object(spec.source)
             if isinstance(fn, type):  # a class: its instance is the reward function
                 fn = fn(**spec.kwargs)
             elif spec.kwargs:

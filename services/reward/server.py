@@ -16,7 +16,7 @@ import asyncio
 
 from services.common.config import AgrpoConfig
 from services.common.logging import get_logger, setup_logging
-from services.common.server import GrpcServer
+from services.common.server import GrpcServer, StopSignals
 
 from .app import RewardApp
 from .call_metrics import CallCounter
@@ -69,6 +69,7 @@ async def build(cfg: AgrpoConfig) -> RewardService:
 async def serve(cfg: AgrpoConfig) -> int:
     """Run until SIGTERM/SIGINT; 1 when the reward functions cannot be loaded or the
     config is refused (e.g. an empty auth.token_file)."""
+    signals = StopSignals().install()  # first thing: a stop also ends the workers' start
     try:
         svc = await build(cfg)
         await svc.start()
@@ -76,7 +77,7 @@ async def serve(cfg: AgrpoConfig) -> int:
         log.error("cannot start the reward service: %s", exc)
         return 1
     try:
-        await svc.grpc_server.wait_for_stop()
+        await svc.grpc_server.wait_for_stop(signals)
     finally:
         await svc.app.close()
     return 0

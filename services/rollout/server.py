@@ -13,7 +13,7 @@ import asyncio
 from agrpo.v1 import common_pb2
 from agrpo.v1 import rollout_service_pb2_grpc as rollout_grpc
 from services.common.logging import get_logger, setup_logging
-from services.common.server import GrpcServer
+from services.common.server import GrpcServer, StopSignals
 
 from .app import RolloutApp
 from .servicer import RolloutServicer
@@ -67,17 +67,26 @@ async def build(cfg) -> RolloutService:
 
 
 async def serve(cfg) -> None:
+    """Until a stop signal or the end of training; a signal also ends a wait for a peer."""
+    signals = StopSignals().install()
     svc = await build(cfg)
+    stop = asyncio.create_task(signals.requested.wait())
     try:
-        await svc.start()
-        stop_wait = asyncio.create_task(svc.grpc_server.wait_for_stop())
+        start = asyncio.create_task(svc.start())
+        await asyncio.wait([start, stop], return_when=asyncio.FIRST_COMPLETED)
+        if not start.done():  # stopped while waiting for vLLM, the data or a peer
+            start.cancel()
+            await asyncio.gather(start, return_exceptions=True)
+            return
+        start.result()
         done_wait = asyncio.create_task(svc.app.finished.wait())
-        await asyncio.wait([stop_wait, done_wait], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([stop, done_wait], return_when=asyncio.FIRST_COMPLETED)
         if svc.app.failure is not None:
             raise RuntimeError("generation loop failed") from svc.app.failure
         if svc.app.finished.is_set():
             log.info("training is done; rollout exits")
     finally:
+        stop.cancel()
         await svc.stop()
 
 

@@ -110,13 +110,18 @@ class VLLMClient:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return False
 
-    async def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> None:
-        """Poll /health until 200; TimeoutError after timeout_s."""
-        deadline = time.monotonic() + timeout_s
+    async def wait_healthy(self, timeout_s: float, poll_s: float = 1.0, say_every_s: float = 5.0) -> None:
+        """Poll /health until 200, saying so every few seconds; TimeoutError after timeout_s."""
+        t0 = time.monotonic()
+        said = t0
         while not await self.healthy():
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now - t0 > timeout_s:
                 raise TimeoutError(f"vLLM at {self.base_url} not healthy after {timeout_s:.0f} s "
                                    "(vllm_server_timeout)")
+            if now - said >= say_every_s:
+                log.info("waiting for vLLM at %s (%.0f/%.0f s)", self.base_url, now - t0, timeout_s)
+                said = now
             await asyncio.sleep(poll_s)
 
     async def handshake(self, timeout_s: float, min_version: str) -> ServerInfo:

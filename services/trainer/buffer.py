@@ -42,6 +42,7 @@ class SampleBuffer:
 
     def pop(self) -> Sample | None:
         if not self._queue:
+            self._nonempty.clear()  # after a wake() with nothing buffered
             return None
         _, _, sample = heapq.heappop(self._queue)
         if not self._queue:
@@ -56,6 +57,10 @@ class SampleBuffer:
                 return sample, stale
             stale.append(sample)
         return None, stale
+
+    def wake(self) -> None:
+        """Release a waiter at once (the loop is stopping)."""
+        self._nonempty.set()
 
     async def wait_nonempty(self, timeout: float | None) -> bool:
         """Wait until a sample is buffered; False on timeout."""

@@ -74,6 +74,7 @@ class TrainerLoop:
         self.pace = intake.pace
         self.trained_at_version = 0  # samples trained since the last published version
         self.idle = IdleClock()  # waiting for samples vs training, syncing, logging
+        self._saved_step = state.step
         self._clock_seen = (0.0, 0.0)
         self.max_model_len: int | None = None
         self.batcher = None
@@ -205,7 +206,9 @@ class TrainerLoop:
         return self.ledger.reached(self.cfg.num_train_epochs)
 
     def stop(self) -> None:
+        """Finish the step in progress and start no other (the buffer's waiter is released)."""
         self._stop.set()
+        self.buffer.wake()
 
     async def run(self) -> None:
         """Train until done or stopped."""
@@ -216,12 +219,15 @@ class TrainerLoop:
                 if step_in is None:
                     break
                 stats = await self.train_step(step_in)
-                if self.state.step % self.cfg.weight_sync_steps == 0:
-                    await self.publish_weights()
+                if self.state.step % self.cfg.weight_sync_steps == 0 and not self._stop.is_set():
+                    await self.publish_weights()  # no weights leave after a stop began
                 self.log_step(step_in, stats)
                 await self.maybe_checkpoint()
             if self.done():
                 await self.finish()
+            elif self._stop.is_set() and self.cfg.save_strategy != "no" and self.state.step > self._saved_step:
+                log.info("stopped at step %d: saving a checkpoint", self.state.step)
+                await self.save()
         finally:
             self.finished.set()
 
@@ -363,6 +369,7 @@ class TrainerLoop:
             await self.save()
 
     async def save(self) -> None:
+        self._saved_step = self.state.step
         await asyncio.to_thread(
             checkpoint.save, self.cfg.resolved_output_dir, self.state, self.engine.model, self.tokenizer,
             self.engine.optimizer, self.engine.scheduler, self.cfg.save_total_limit, self.cfg.save_only_model)

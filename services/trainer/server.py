@@ -18,7 +18,7 @@ from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 from services.common.config import AgrpoConfig
 from services.common.logging import get_logger, setup_logging
 from services.common.preflight import StartupError
-from services.common.server import GrpcServer
+from services.common.server import GrpcServer, StopSignals
 
 from .app import TrainerApp
 from .servicer import TrainerServicer
@@ -86,11 +86,13 @@ class TrainerService:
         await asyncio.wait_for(asyncio.shield(self._run_task), timeout)
 
     async def stop(self) -> None:
+        """Finish the step in progress (no weights pushed after this; a checkpoint if
+        save_strategy asks for one), then close the streams and the gRPC server."""
         self.app.identity.state = common_pb2.SERVING_STATE_STOPPING
         self.app.stop_training()
         if self._run_task is not None and not self._run_task.done():
-            # Let a step or weight sync in progress finish: never leave vLLM paused mid-update.
-            await asyncio.wait([self._run_task], timeout=self.cfg.trainer.grace_s)
+            # Never cut a step or a weight sync short: vLLM must not stay paused mid-update.
+            await asyncio.wait([self._run_task])
         for task in (self._run_task, self._boot_task):
             if task is not None and not task.done():
                 task.cancel()
@@ -105,19 +107,22 @@ async def build(cfg: AgrpoConfig) -> TrainerService:
 
 
 async def serve(cfg: AgrpoConfig) -> int:
+    """Until a stop signal (or, with trainer.exit_when_done, the end of training)."""
+    signals = StopSignals().install()
     svc = await build(cfg)
     await svc.start(wait_ready=False)
-    waiter = asyncio.create_task(svc.grpc_server.wait_for_stop())
-    await asyncio.wait([waiter, svc._boot_task], return_when=asyncio.FIRST_COMPLETED)
-    if svc.failed is not None:
-        svc._boot_task.exception()  # retrieved: the failure was logged above
-        await svc.stop()
-        if isinstance(svc.failed, StartupError):
-            raise svc.failed  # the CLI prints it as one line and exits 2
-        return 1
-    await waiter
+    stop = asyncio.create_task(signals.requested.wait())
+    await asyncio.wait([stop, svc._boot_task], return_when=asyncio.FIRST_COMPLETED)
+    if svc.failed is None and svc._run_task is not None:
+        ends = [stop, svc._run_task] if cfg.trainer.exit_when_done else [stop]
+        await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if svc._boot_task.done() and not svc._boot_task.cancelled():
+        svc._boot_task.exception()  # retrieved: a failure was logged where it happened
     await svc.stop()
-    return 0
+    if isinstance(svc.failed, StartupError):
+        raise svc.failed  # the CLI prints it as one line and exits 2
+    return 1 if svc.failed is not None else 0
 
 
 def preflight(cfg: AgrpoConfig) -> None:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import re
@@ -21,17 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from services.common.imports import load_object
+
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 def load_callable(spec: str) -> Callable:
-    """`package.module:attr` -> the object (attr may be dotted)."""
-    if ":" not in spec:
-        raise ValueError(f"{spec!r}: expected 'module:callable'")
-    mod_name, attr = spec.split(":", 1)
-    obj: Any = importlib.import_module(mod_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    """`package.module:attr` (or `script.py:attr`, `pickle:file`) -> the callable it names."""
+    obj = load_object(spec)
     if not callable(obj):
         raise TypeError(f"{spec!r} is not callable")
     return obj
