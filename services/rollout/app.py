@@ -17,6 +17,7 @@ from agrpo.v1 import common_pb2
 from services.common.channels import open_channel
 from services.common.identity import Identity
 from services.common.logging import get_logger
+from services.common.preflight import StartupError
 from services.common.versions import lineage_from_proto
 
 from .balancer import Balancer
@@ -136,7 +137,10 @@ class RolloutApp:
             # A bug in the loop must not leave a live process that generates nothing:
             # fail the service so its supervisor restarts it (it resumes from the trainer).
             self.failure = engine_task.exception()
-            log.error("generation loop failed", exc_info=self.failure)
+            if isinstance(self.failure, StartupError):
+                log.error("%s", self.failure)  # a run that cannot work: one line, no restart
+            else:
+                log.error("generation loop failed", exc_info=self.failure)
             self.finished.set()
         elif self.sender.done.is_set():
             self.identity.state = common_pb2.SERVING_STATE_DONE

@@ -26,6 +26,7 @@ from collections import Counter
 
 from services.common.logging import get_logger
 from services.common.metrics import IdleClock
+from services.common.preflight import StartupError
 from services.common.versions import Lineage
 
 from .balancer import GenerationFailed
@@ -35,6 +36,8 @@ from .scoring import GroupScores, ScoringFailed, build_request
 from .vllm_client import SamplingConfig
 
 log = get_logger("rollout.engine")
+PERMANENT_SCORING_ATTEMPTS = 3
+"""A prompt the reward service refuses this often (INVALID_ARGUMENT, ...) stops the run."""
 
 
 def build_strategy(cfg, tokenizer, ctx: GenerationContext):
@@ -74,6 +77,8 @@ class Engine:
         self.score_queue: asyncio.Queue[Group] = asyncio.Queue()
         self.drops: Counter = Counter()  # groups dropped (their prompt re-issued), by reason
         self.samples_generated = 0
+        self.refused: Counter = Counter()  # prompt key -> permanent scoring refusals
+        self.fatal: StartupError | None = None
         self.idle = IdleClock()  # no request in flight: vLLM has nothing of ours to do
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -131,6 +136,8 @@ class Engine:
                 g.task.cancel()
             await asyncio.gather(*workers, *(g.task for g in self.generating.values()),
                                  return_exceptions=True)
+        if self.fatal is not None:
+            raise self.fatal
 
     def _launch(self, key: tuple[int, int]) -> None:
         gid = f"{key[1]}-{key[0]}-{uuid.uuid4().hex[:8]}"
@@ -238,6 +245,10 @@ class Engine:
             group = await self.score_queue.get()
             try:
                 await self._score_group(group)
+            except StartupError as exc:  # the run cannot work: stop generating, fail the service
+                self.fatal = exc
+                self.stop()
+                return
             except Exception:  # noqa: BLE001 - one bad group must not stop scoring
                 log.exception("scoring group %s crashed; re-issuing", group.group_id)
                 self._drop(group, "scoring_error")
@@ -255,8 +266,7 @@ class Engine:
             scores = (await self.scorer.score(request) if strategy.needs_reward_service
                       else GroupScores([math.nan] * len(ids), {}))
         except ScoringFailed as exc:
-            log.warning("group %s: %s; re-issuing later", group.group_id, exc)
-            self._drop(group, "scoring_failed", self.cfg.rollout.reissue_delay_s)
+            self._scoring_failed(group, exc)
             return
         scoring_ms = (time.monotonic() - t0) * 1000
         self.metrics.scoring_latency.observe(scoring_ms / 1000)
@@ -266,7 +276,7 @@ class Engine:
         if self.is_stale(group.version):
             self._drop(group, "stale_scored")
             return
-        scored = ScoredGroup(*strategy.rewards(group, scores), scoring_ms, wait_ms)
+        scored = ScoredGroup(*strategy.rewards(group, scores), scoring_ms, wait_ms, scores.errors)
         self._observe_rewards(scored)
         samples = build_samples(group, prompt, strategy.rows(group, prompt), scored, texts,
                                 send_text=self.cfg.rollout.send_text, producer_id=self.producer_id,
@@ -275,6 +285,16 @@ class Engine:
             self._drop(group, "no_trained_tokens")
             return
         self.sender.add_group(group.key, group.version, samples)
+
+    def _scoring_failed(self, group: Group, exc: ScoringFailed) -> None:
+        """Re-issue later; a prompt the reward service refuses again and again stops the run."""
+        if exc.permanent:
+            self.refused[group.key] += 1
+            if self.refused[group.key] >= PERMANENT_SCORING_ATTEMPTS:
+                raise StartupError(f"the reward service refused prompt {group.key[0]} (epoch {group.key[1]}) "
+                                   f"{PERMANENT_SCORING_ATTEMPTS} times: {exc}")
+        log.warning("group %s: %s; re-issuing later", group.group_id, exc)
+        self._drop(group, "scoring_failed", self.cfg.rollout.reissue_delay_s)
 
     def _observe_rewards(self, scored: ScoredGroup) -> None:
         if not math.isnan(scored.mean):

@@ -25,6 +25,8 @@ class ScoredGroup:
     components: dict[str, list[float]]
     scoring_ms: float
     wait_ms: float
+    errors: list[dict[str, str]] | None = None
+    """Per generation: reward function -> reason it failed (None: no failure)."""
     advantages: list[float] = field(init=False)
     mean: float = field(init=False)
     std: float = field(init=False)
@@ -70,6 +72,7 @@ def build_samples(group, prompt, rows: list[Row], scored: ScoredGroup, texts: li
             input_ids=row.input_ids, completion_mask=row.completion_mask, behavior_logprobs=row.logprobs,
             prompt_length=row.prompt_length, advantage=scored.advantages[i], reward=scored.rewards[i],
             reward_components=components, metrics=metrics, generation_index=i,
+            reward_errors=scored.errors[i] if scored.errors else {},
             prompt_text=prompt.prompt_text if send_text else "",
             completion_text=texts[i] if send_text else "", created_at=now_timestamp(),
             producer_id=producer_id))

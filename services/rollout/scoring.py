@@ -21,10 +21,15 @@ from services.common.logging import get_logger
 
 log = get_logger("rollout.scoring")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+FAILED_STATUSES = (reward_pb.SCORE_STATUS_FAILED, reward_pb.SCORE_STATUS_TIMEOUT)
 
 
 class ScoringFailed(RuntimeError):
-    """The reward service could not score a group."""
+    """The reward service could not score a group; `permanent` when retrying cannot help."""
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 @dataclass
@@ -34,6 +39,8 @@ class GroupScores:
     totals: list[float]
     components: dict[str, list[float]]
     latency_ms: float = 0.0
+    errors: list[dict[str, str]] | None = None
+    """Per item: function -> reason where it FAILED or TIMED OUT (None: none failed)."""
 
 
 def to_text(value) -> reward_pb.Text:
@@ -64,12 +71,16 @@ def parse_response(resp: reward_pb.ScoreResponse, n: int) -> GroupScores:
     if len(resp.items) != n:
         raise ScoringFailed(f"reward service returned {len(resp.items)} items for {n}")
     components: dict[str, list[float]] = {}
+    errors: list[dict[str, str]] = [{} for _ in range(n)]
     for i, item in enumerate(resp.items):
         for fs in item.scores:
             vals = components.setdefault(fs.name, [math.nan] * n)
             vals[i] = fs.value if fs.status == reward_pb.SCORE_STATUS_OK else math.nan
+            if fs.status in FAILED_STATUSES:
+                errors[i][fs.name] = (fs.reason or reward_pb.ScoreStatus.Name(fs.status))[:300]
     latency = sum(resp.function_latency_ms.values())
-    return GroupScores([item.total for item in resp.items], components, latency)
+    return GroupScores([item.total for item in resp.items], components, latency,
+                       errors if any(errors) else None)
 
 
 class Scorer:
@@ -91,8 +102,8 @@ class Scorer:
                 return parse_response(resp, len(request.items))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in RETRYABLE or attempt == self.retries:
-                    raise ScoringFailed(f"Score {request.request_id}: {exc.code().name}: "
-                                        f"{exc.details()}") from exc
+                    raise ScoringFailed(f"Score {request.request_id}: {exc.code().name}: {exc.details()}",
+                                        permanent=exc.code() not in RETRYABLE) from exc
                 log.warning("Score %s: %s, retrying in %.1f s", request.request_id, exc.code().name, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)

@@ -13,6 +13,7 @@ import asyncio
 from agrpo.v1 import common_pb2
 from agrpo.v1 import rollout_service_pb2_grpc as rollout_grpc
 from services.common.logging import get_logger, setup_logging
+from services.common.preflight import StartupError
 from services.common.server import GrpcServer, StopSignals
 
 from .app import RolloutApp
@@ -81,6 +82,8 @@ async def serve(cfg) -> None:
         start.result()
         done_wait = asyncio.create_task(svc.app.finished.wait())
         await asyncio.wait([stop, done_wait], return_when=asyncio.FIRST_COMPLETED)
+        if isinstance(svc.app.failure, StartupError):
+            raise svc.app.failure  # the CLI prints it as one line (exit 2: no restart helps)
         if svc.app.failure is not None:
             raise RuntimeError("generation loop failed") from svc.app.failure
         if svc.app.finished.is_set():
@@ -104,9 +107,11 @@ def main(cfg) -> int:
     log.info("config: %s", cfg.model_dump_json(exclude={"auth"}))
     try:
         asyncio.run(serve(cfg))
-    except (TimeoutError, VLLMIncompatible, ValueError) as exc:  # expected start-up failures
+    except StartupError:
+        raise
+    except (TimeoutError, VLLMIncompatible, ValueError) as exc:  # expected start-up failures: one line
         log.error("cannot start the rollout service: %s", exc)
-        return 1
+        raise StartupError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     except Exception as exc:  # noqa: BLE001 - anything else, with its traceback
         log.exception("rollout failed: %s", exc)
         return 1

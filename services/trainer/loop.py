@@ -37,6 +37,7 @@ from .intake import OTHER_GROUP, Intake
 from .metrics import StepLogger, TrainerMetrics
 from .packing import MicroBatch, make_batcher
 from .policy import PolicyBoard
+from .reward_health import RewardHealth
 from .run_record import RunRecord
 from .sample import Outcome, Sample
 from .state import TrainState
@@ -74,6 +75,7 @@ class TrainerLoop:
         self.pace = intake.pace
         self.trained_at_version = 0  # samples trained since the last published version
         self.idle = IdleClock()  # waiting for samples vs training, syncing, logging
+        self.reward_health = RewardHealth(cfg.trainer.reward_failure_patience)
         self._saved_step = state.step
         self._clock_seen = (0.0, 0.0)
         self.max_model_len: int | None = None
@@ -318,6 +320,8 @@ class TrainerLoop:
         stats = await asyncio.to_thread(self.engine.train_step, step_in.batches, self.state.staleness)
         stats["perf/step_s"] = time.perf_counter() - t0
         samples = [s for mb in step_in.batches for s in mb.samples]
+        for warning in self.reward_health.check(samples):  # raises when rewards stay unusable
+            log.warning("%s", warning)
         self.ledger.record(samples)
         self.trained_at_version += len(samples)
         step_in.trained_version = self.state.version

@@ -43,6 +43,8 @@ class Sample:
     prompt_text: str = ""
     completion_text: str = ""
     version_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    reward_errors: dict[str, str] = field(default_factory=dict)
+    """Reward functions that failed on this sample -> their reason (from the reward service)."""
     """(policy_version, start, end) runs of generated tokens; audit trail only."""
 
     def __len__(self) -> int:

@@ -75,6 +75,9 @@ class TrainerService:
         try:
             if await self.app.train():
                 self.app.identity.state = common_pb2.SERVING_STATE_DONE
+        except StartupError as exc:  # e.g. no usable reward: the run cannot work, one line
+            self.failed = exc
+            log.error("%s", exc)
         except BaseException as exc:
             self.failed = exc
             log.exception("training loop failed")
@@ -114,8 +117,9 @@ async def serve(cfg: AgrpoConfig) -> int:
     stop = asyncio.create_task(signals.requested.wait())
     await asyncio.wait([stop, svc._boot_task], return_when=asyncio.FIRST_COMPLETED)
     if svc.failed is None and svc._run_task is not None:
-        ends = [stop, svc._run_task] if cfg.trainer.exit_when_done else [stop]
-        await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([stop, svc._run_task], return_when=asyncio.FIRST_COMPLETED)
+        if svc._run_task.done() and svc.failed is None and not cfg.trainer.exit_when_done:
+            await stop  # training is done: keep answering status until stopped
     stop.cancel()
     if svc._boot_task.done() and not svc._boot_task.cancelled():
         svc._boot_task.exception()  # retrieved: a failure was logged where it happened

@@ -39,7 +39,8 @@ def sample_from_proto(msg: common_pb2.RolloutSample) -> Sample:
         completion_mask=list(msg.completion_mask), behavior_logprobs=list(msg.behavior_logprobs),
         advantage=msg.advantage, reward=msg.reward, producer_id=msg.producer_id,
         prompt_length=msg.prompt_length, reward_components=dict(msg.reward_components),
-        metrics=dict(msg.metrics), prompt_text=msg.prompt_text, completion_text=msg.completion_text)
+        metrics=dict(msg.metrics), prompt_text=msg.prompt_text, completion_text=msg.completion_text,
+        reward_errors=dict(msg.reward_errors))
 
 
 def _prompt_key(key) -> common_pb2.PromptKey:

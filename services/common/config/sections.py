@@ -180,6 +180,9 @@ class TrainerSection(ServiceSection):
     credit_window: int | None = Field(None, ge=1)
     """Samples rollout may have between dispatch and training (the pacing window); None: what
     max_staleness + 1 versions consume (docs/architecture.md, "Pacing")."""
+    reward_failure_patience: int = Field(3, ge=0)
+    """Stop the run (one line naming the reward function and its last error) after this many
+    consecutive steps where most samples got no usable reward; 0: train on regardless."""
     exit_when_done: bool = False
     """Exit once training is done (agrpo run sets it); otherwise keep serving status until stopped."""
     schedule: Literal["async", "sync"] = "async"
