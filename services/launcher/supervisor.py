@@ -1,7 +1,8 @@
 """Keep a job's service processes running: restart a crashed one with back-off, give up on repeats.
 
 A service that exits 0 is done (rollout and the trainer exit 0 once training is done under
-`agrpo run`). One that exits otherwise is restarted after a back-off that doubles per
+`agrpo run`); one that exits 2 found a configuration that cannot work (its one-line error
+ends the job: a restart would repeat it). One that exits otherwise is restarted after a back-off that doubles per
 crash; the services resume by themselves (the trainer from its latest checkpoint of this
 run, rollout from the trainer's resume point). More than `max_restarts` crashes within
 `window_s` stop the job with the service's last log lines.
@@ -13,6 +14,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from services.common.preflight import STARTUP_ERROR_EXIT, StartupError
 
 from .processes import ServiceProcess
 
@@ -66,6 +69,9 @@ class Supervised:
         if code == 0:
             self.done = True
             return None
+        if code == STARTUP_ERROR_EXIT:  # a configuration that cannot work: restarting repeats it
+            self.done = True
+            raise StartupError(self.process.log_tail(1).strip() or f"{self.name} exited with code {code}")
         now = self.clock()
         self.crashes.append(now)
         while self.crashes and now - self.crashes[0] > self.policy.window_s:

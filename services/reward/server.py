@@ -95,7 +95,7 @@ def preflight(cfg: AgrpoConfig) -> None:
 
 def main(cfg: AgrpoConfig) -> int:
     """`agrpo reward` entry point."""
-    setup_logging("reward", cfg.log_format)
+    setup_logging("reward", cfg.log_format, cfg.log_level)
     log.info("config", extra={"reward": cfg.reward.model_dump(mode="json"),
                               "reward_funcs": [f.model_dump() for f in cfg.reward_funcs]})
     return asyncio.run(serve(cfg))

@@ -12,6 +12,7 @@ import asyncio
 import math
 
 import aiohttp
+import grpc
 
 from agrpo.v1 import common_pb2
 from services.common.channels import open_channel
@@ -79,6 +80,7 @@ class RolloutApp:
         self.reward_channel = open_channel(cfg.reward.dial_address, ["agrpo.v1.RewardService"],
                                            deadline_s=r.scoring_deadline_s, **opts)
         scorer = Scorer(self.reward_channel, deadline_s=r.scoring_deadline_s, retries=r.scoring_retries)
+        await self._check_reward_columns(scorer)
         self.sender = Sender(self.trainer_channel, producer_id=self.identity.instance_id,
                              prompts_per_epoch=len(self.prompts), max_staleness=cfg.max_staleness,
                              heartbeat_s=r.heartbeat_interval_s, reconnect_s=r.trainer_reconnect_s,
@@ -86,6 +88,17 @@ class RolloutApp:
         self.engine = Engine(cfg, prompts=self.prompts, tokenizer=self.tokenizer, scheduler=self.scheduler,
                              balancer=self.balancer, scorer=scorer, sender=self.sender,
                              metrics=self.metrics, producer_id=self.identity.instance_id)
+
+    async def _check_reward_columns(self, scorer: Scorer) -> None:
+        """A reward function that needs a column the dataset lacks fails the start, once."""
+        if not self.cfg.reward_funcs or not len(self.prompts):
+            return
+        columns = set().union(*(p.columns for p in list(self.prompts.prompts.values())[:100]))
+        try:
+            await scorer.check_columns(columns)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("reward service not reachable at start-up (%s): its columns are not checked",
+                        exc.code().name)
 
     def _load_data(self, served_model: str, max_model_len: int):
         cfg = self.cfg

@@ -112,7 +112,8 @@ def build_prompt_set(rows: list[dict], tokenizer, *, prompt_column: str, max_pro
     prompts, skipped = [], 0
     for i, row in enumerate(rows):
         if prompt_column not in row:
-            raise ValueError(f"dataset has no column {prompt_column!r} (columns: {sorted(row)})")
+            raise ValueError(f"dataset.prompt_column={prompt_column!r}: the dataset has no such column "
+                             f"(columns: {', '.join(sorted(row))})")
         raw = row[prompt_column]
         tools = tools_for_row(row) if tools_for_row else None
         ids, text = render(tokenizer, raw, chat_template_kwargs, tools)

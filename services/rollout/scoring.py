@@ -18,6 +18,7 @@ from google.protobuf import json_format, struct_pb2
 from agrpo.v1 import reward_service_pb2 as reward_pb
 from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
 from services.common.logging import get_logger
+from services.common.preflight import StartupError
 
 log = get_logger("rollout.scoring")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -92,6 +93,16 @@ class Scorer:
         self.deadline_s = deadline_s
         self.retries = retries
         self.backoff_s = backoff_s
+
+    async def check_columns(self, columns: set[str]) -> None:
+        """Each function the reward service applies finds its columns in the dataset
+        (StartupError naming the function, the column and the columns present)."""
+        resp = await self.stub.ListRewardFunctions(reward_pb.ListRewardFunctionsRequest(), timeout=self.deadline_s)
+        for fn in resp.functions:
+            missing = [c for c in fn.required_columns if c not in columns]
+            if fn.default_enabled and missing:
+                raise StartupError(f"reward function {fn.name!r} needs dataset column {missing[0]!r}; the "
+                                   f"dataset has: {', '.join(sorted(columns)) or 'no columns besides the prompt'}")
 
     async def score(self, request: reward_pb.ScoreRequest) -> GroupScores:
         """Scores for a request; ScoringFailed when the reward service keeps failing."""

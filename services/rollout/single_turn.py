@@ -63,7 +63,9 @@ class SingleTurn:
         out = []
         for i, c in enumerate(group.completions):
             spans = [(label_to_version(lb, group.dispatch_version), P + s, P + e) for lb, s, e in c.spans if e > s]
+            # TRL's completions/clipped_ratio: the share cut at max_completion_length (no EOS).
+            clipped = {"completions/clipped_ratio": float(c.finish_reason == "length")}
             out.append(Row(i, prompt.prompt_ids + c.token_ids, [0] * P + [1] * len(c.token_ids),
                            [0.0] * P + c.logprobs, P, spans, group.version,
-                           len(c.token_ids) / max(c.latency_s, 1e-9)))
+                           len(c.token_ids) / max(c.latency_s, 1e-9), clipped))
         return out

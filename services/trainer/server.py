@@ -140,6 +140,6 @@ def preflight(cfg: AgrpoConfig) -> None:
 
 def main(cfg: AgrpoConfig) -> int:
     """CLI entry point."""
-    setup_logging("trainer", cfg.log_format)
+    setup_logging("trainer", cfg.log_format, cfg.log_level)
     Path(cfg.resolved_output_dir).mkdir(parents=True, exist_ok=True)
     return asyncio.run(serve(cfg))

@@ -58,16 +58,33 @@ def step_metrics(step_in, stats: dict, *, version: int, ledger, drops, num_param
 
 def _sample_metrics(out: dict, samples) -> None:
     """Means of what rollout measured per sample, under its names (tools/call_frequency,
-    tools/failure_frequency, generation_tok_per_s, scoring_time_ms, ...)."""
-    names = {k for s in samples for k in s.metrics}
+    tools/failure_frequency, generation_tok_per_s, scoring_time_ms, ...). tools/* average
+    over the samples that carry them: TRL sets them only for groups that called a tool.
+    Per-function rewards are _rewards' (rewards/<f>/mean and /std), not repeated here."""
+    names = {k for s in samples for k in s.metrics if not k.startswith("rewards/")}
     for name in sorted(names - set(out)):
         out[name] = _mean([s.metrics.get(name) for s in samples])
 
 
+def _std(values) -> float:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.pstdev(values) if values else float("nan")
+
+
 def _rewards(out: dict, samples) -> None:
+    """TRL's reward metrics: rewards/<f>/mean and /std, frac_reward_zero_std (share of the
+    step's groups whose rewards do not vary, which teach nothing)."""
     names = {k for s in samples for k in s.reward_components}
     for name in sorted(names):
-        out[f"rewards/{name}/mean"] = _mean([s.reward_components.get(name) for s in samples])
+        values = [s.reward_components.get(name) for s in samples]
+        out[f"rewards/{name}/mean"] = _mean(values)
+        out[f"rewards/{name}/std"] = _std(values)
+    groups: dict[str, list[float]] = {}
+    for s in samples:
+        groups.setdefault(s.group_id, []).append(s.reward)
+    flat = [g for g in groups.values() if len(g) > 1]
+    if flat:
+        out["frac_reward_zero_std"] = sum(1 for g in flat if _std(g) == 0) / len(flat)
 
 
 def _perf(out: dict, num_params: int, forward: int, compute_s: float, peak: float | None,
