@@ -10,7 +10,7 @@
 #   WORKER_EXT=auto|none|<class>  (auto: the lead's agrpo_vllm_plugin.worker extension when that
 #   file exists, else none)  SITE=/tmp/site  RUN_DIR=/tmp/loop  WHL=.whl  ARCHIVE=<the sm90 archive>
 #   AGRPO_VLLM_PYTHON (default: python3, which sees vLLM through PYTHONPATH)
-# Into $OUT (6 files): run.log env.txt summary.json metrics.jsonl reward_loss.png logs.tar.gz
+# Into $OUT (6 files): run.log env.txt summary.json metrics.jsonl curves.png logs.tar.gz
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
 # shellcheck source=lib.sh
@@ -103,7 +103,7 @@ say "demo rc=$RC; GPU memory peak MiB per GPU: $(awk -F', ' '{split($3,a," "); i
 kill_marked "$LOOP_RUN_MARK"
 
 # ---------- outputs
-for f in summary.json metrics.jsonl reward_loss.png; do [ -f "$RUN_DIR/$f" ] && cp "$RUN_DIR/$f" "$OUT/"; done
+for f in summary.json metrics.jsonl curves.png; do [ -f "$RUN_DIR/$f" ] && cp "$RUN_DIR/$f" "$OUT/"; done
 ( cd "$RUN_DIR" 2>/dev/null && tar czf "$OUT/logs.tar.gz" --ignore-failed-read logs agrpo.yaml \
     trainer_output/trained_samples.jsonl 2>/dev/null )
 if [ "$RC" != 0 ]; then

@@ -3,7 +3,7 @@
 Run: make demo   (or: .venv/bin/agrpo demo --steps 40)
 On two NVIDIA GPUs: agrpo demo --gpu (vLLM on GPU 0, trainer on GPU 1, NCCL weight sync;
 see docs/gpu.md "Full loop on two GPUs").
-Writes <out>/metrics.jsonl, <out>/reward_loss.png, <out>/summary.json and <out>/logs/.
+Writes <out>/metrics.jsonl, <out>/curves.png, <out>/summary.json and <out>/logs/.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the demo shows: a line per step, a PNG of reward and loss, a closing summary."""
+"""What the demo shows: a line per step, a PNG of reward, length and KL, a closing summary."""
 
 from __future__ import annotations
 
@@ -47,22 +47,29 @@ def window_means(rows: list[dict], key: str = "reward", n: int = 10) -> tuple[fl
 
 
 def plot(rows: list[dict], out: Path) -> Path:
-    """Reward and loss against step, one PNG."""
+    """Reward (mean and its spread within groups), completion length and the trainer/vLLM
+    k3 KL against step, one PNG (GRPO's loss sits near 0 and says little)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     steps = [int(r["step"]) for r in rows]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    top.plot(steps, [_num(r, "reward") for r in rows], marker=".", label="reward (mean)")
+    reward = [_num(r, "reward") for r in rows]
+    spread = [_num(r, "reward_std") for r in rows]
+    fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
+    top.plot(steps, reward, marker=".", label="reward (mean)")
+    top.fill_between(steps, [m - d for m, d in zip(reward, spread)], [m + d for m, d in zip(reward, spread)],
+                     alpha=0.2, label="+- std within groups")
     top.set_ylabel("reward")
-    top.grid(alpha=0.3)
     top.legend(loc="lower right")
-    bottom.plot(steps, [_num(r, "loss") for r in rows], color="tab:red", marker=".", label="loss")
+    mid.plot(steps, [_num(r, "completions/mean_length") for r in rows], color="tab:green", marker=".")
+    mid.set_ylabel("completion tokens")
+    bottom.plot(steps, [_num(r, "kl") for r in rows], color="tab:red", marker=".")
+    bottom.set_ylabel("k3 KL to vLLM")
     bottom.set_xlabel("optimizer step")
-    bottom.set_ylabel("loss")
-    bottom.grid(alpha=0.3)
+    for ax in (top, mid, bottom):
+        ax.grid(alpha=0.3)
     fig.suptitle("agrpo demo")
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -170,6 +170,6 @@ def _write_summary(opts: DemoOptions, wall_s: float, cfg, status: dict, info: di
     max_staleness = cfg.max_staleness if cfg else opts.max_staleness
     result = report.summary(rows, wall_s, max_staleness, status, cfg.num_generations if cfg else 8)
     result.update(info)
-    result["plot"] = str(report.plot(rows, opts.out / "reward_loss.png")) if rows else None
+    result["plot"] = str(report.plot(rows, opts.out / "curves.png")) if rows else None
     (opts.out / "summary.json").write_text(json.dumps(result, indent=2))
     return result

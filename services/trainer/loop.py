@@ -77,6 +77,7 @@ class TrainerLoop:
         self.idle = IdleClock()  # waiting for samples vs training, syncing, logging
         self.reward_health = RewardHealth(cfg.trainer.reward_failure_patience)
         self._saved_step = state.step
+        self._saved_epochs = state.ledger.completed_epochs
         self._clock_seen = (0.0, 0.0)
         self.max_model_len: int | None = None
         self.batcher = None
@@ -235,7 +236,7 @@ class TrainerLoop:
 
     async def finish(self) -> None:
         log.info("training done at step %d (%d prompts trained)", self.state.step, self.ledger.prompts_trained)
-        if self.cfg.save_strategy == "steps" and self.state.step > 0:
+        if self.cfg.save_strategy in ("steps", "epoch") and self.state.step > self._saved_step:
             await self.save()
         self.intake.finish()
 
@@ -350,16 +351,23 @@ class TrainerLoop:
         self.metrics.busy_seconds.inc(max(0.0, (total - idle) - (seen_total - seen_idle)))
         self._clock_seen = (idle, total)
         self.step_log.log(self.state.step, metrics, force=self.state.step == 1 and self.cfg.logging_first_step)
-        if self.cfg.log_completions:
+        every = max(1, int(self.cfg.logging_steps)) if self.cfg.logging_steps >= 1 else 1
+        if self.cfg.log_completions and self.state.step % every == 0:
             self._print_completions(step_in)
 
     def _print_completions(self, step_in: StepInput) -> None:
+        """TRL's log_completions: prompt, completion, each function's reward and the advantage."""
         samples = [s for mb in step_in.batches for s in mb.samples]
-        n = self.cfg.num_completions_to_print or len(samples)
-        for s in samples[:n]:
+        shown = samples[:self.cfg.num_completions_to_print or len(samples)]
+        lines = [f"step {self.state.step}: {len(shown)} of {len(samples)} completions"]
+        for s in shown:
+            prompt = s.prompt_text or self.tokenizer.decode(s.input_ids[:s.prompt_length])
             text = s.completion_text or self.tokenizer.decode(
                 [t for t, m in zip(s.input_ids, s.completion_mask) if m])
-            log.info("completion [%s] reward=%.3f adv=%.3f: %s", s.sample_id, s.reward, s.advantage, text[:500])
+            parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(s.reward_components.items()))
+            lines += [f"  prompt:     {_one_line(prompt)}", f"  completion: {_one_line(text)}",
+                      f"  reward {s.reward:.3f}" + (f" ({parts})" if parts else "") + f" | advantage {s.advantage:+.3f}"]
+        log.info("%s", "\n".join(lines))
 
     # Checkpoints
     def _save_every(self) -> int:
@@ -369,7 +377,12 @@ class TrainerLoop:
         return max(1, int(every))
 
     async def maybe_checkpoint(self) -> None:
-        if self.cfg.save_strategy == "steps" and self.state.step % self._save_every() == 0:
+        """save_strategy as TRL: every save_steps steps, or at the end of each epoch."""
+        epochs = self.ledger.completed_epochs
+        due = (self.cfg.save_strategy == "steps" and self.state.step % self._save_every() == 0) or \
+            (self.cfg.save_strategy == "epoch" and epochs > self._saved_epochs)
+        self._saved_epochs = epochs
+        if due:
             await self.save()
 
     async def save(self) -> None:
@@ -385,3 +398,7 @@ def wire_dtype(name: str):
 
     return None if name == "auto" else getattr(torch, name)
 
+
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit] + " ..."

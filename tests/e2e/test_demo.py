@@ -37,7 +37,7 @@ def test_demo_reward_rises(demo_run):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] >= 20, summary
     assert summary["reward_last10"] > summary["reward_first10"] + 0.05, summary
-    assert (out / "reward_loss.png").stat().st_size > 10_000
+    assert (out / "curves.png").stat().st_size > 10_000
     assert "reward first 10 steps" in stdout
 
 
