@@ -338,7 +338,7 @@ class TrainerLoop:
     def log_step(self, step_in: StepInput, stats: dict) -> None:
         metrics = step_metrics(step_in, stats, version=self.state.version, ledger=self.ledger, drops=self.drops,
                                num_params=self.num_params, peak_tflops=self.cfg.trainer.peak_tflops,
-                               last_sync=self.last_sync)
+                               last_sync=self.last_sync, token_budget=self.token_budget())
         self.last_sync = {}
         self.metrics.tokens_per_s.set(metrics.get("perf/tokens_per_s", 0.0))
         self.metrics.idle.set(metrics.get("perf/idle_fraction", 0.0))

@@ -104,7 +104,8 @@ class TreeRow:
     def fits(self, sample: Sample, budget: int) -> bool:
         """Unique tokens and loss terms both stay within the budget."""
         new_tokens = len(sample) - self.shared_prefix(sample)
-        return len(self) + new_tokens <= budget and self.trained + sample.num_terms <= budget
+        # TRL counts every mask bit (sum(completion_mask)), position 0 included.
+        return len(self) + new_tokens <= budget and self.trained + sample.completion_length <= budget
 
     def add(self, sample: Sample) -> None:
         """Walk or create the sample's nodes; new nodes add their attention cost."""
@@ -125,7 +126,7 @@ class TreeRow:
         self.samples.append(sample)
         self.paths.append(path)
         self.groups.add(sample.group_id)
-        self.trained += sample.num_terms
+        self.trained += sample.completion_length
 
     def pack(self) -> PackedRow:
         """Collate: DFS pre-order of the trie, subtree intervals, and the term list."""

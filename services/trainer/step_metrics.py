@@ -16,7 +16,7 @@ def _mean(values) -> float:
 
 
 def step_metrics(step_in, stats: dict, *, version: int, ledger, drops, num_params: int,
-                 peak_tflops: float | None, last_sync: dict[str, float]) -> dict:
+                 peak_tflops: float | None, last_sync: dict[str, float], token_budget: int | None = None) -> dict:
     """Everything logged for one step: `stats` from the engine, the step's samples, the
     ledger's and drop counters' totals, and the last weight sync's phase times."""
     samples = [s for mb in step_in.batches for s in mb.samples]
@@ -52,8 +52,37 @@ def step_metrics(step_in, stats: dict, *, version: int, ledger, drops, num_param
     })
     _rewards(out, samples)
     _sample_metrics(out, samples)
+    _collator(out, step_in.batches, token_budget)
     _perf(out, num_params, forward, compute_s, peak_tflops, last_sync)
     return out
+
+
+def _collator(out: dict, batches, token_budget: int | None) -> None:
+    """TRL's collator metrics, per micro-batch then averaged over the step's: what is forwarded
+    and trained per sample, how full and balanced the rows are (a row's load is its tree
+    attention cost, the sum of depth + 1 over its tokens). No padding: rows run one by one."""
+    per = []
+    for mb in batches:
+        samples = [s for row in mb.rows for s in row.samples]
+        if not samples:
+            continue
+        forwarded = [len(s) for s in samples]
+        trained = [s.completion_length for s in samples]
+        row_tokens = [len(row.input_ids) for row in mb.rows]
+        loads = [sum(d + 1 for d in row.position_ids) for row in mb.rows]
+        m = {"sample/forwarded_tokens_mean": statistics.fmean(forwarded),
+             "sample/forwarded_tokens_max": float(max(forwarded)),
+             "sample/trained_tokens_mean": statistics.fmean(trained),
+             "batch/masked_token_frac": (sum(forwarded) - sum(trained)) / sum(forwarded),
+             "batch/samples_per_row": len(samples) / len(mb.rows),
+             "batch/row_tokens_mean": statistics.fmean(row_tokens), "batch/row_tokens_max": float(max(row_tokens)),
+             "batch/row_imbalance": max(loads) / statistics.fmean(loads) if sum(loads) else 1.0,
+             "batch/packing_ratio": sum(forwarded) / sum(row_tokens), "batch/pad_frac": 0.0}
+        if token_budget:
+            m["batch/row_fill_frac"] = sum(row_tokens) / (token_budget * len(mb.rows))
+        per.append(m)
+    for key in per[0] if per else ():
+        out[key] = statistics.fmean(m[key] for m in per)
 
 
 def _sample_metrics(out: dict, samples) -> None:

@@ -129,7 +129,7 @@ class Reconciler:
             row.add(output_ids, 1, list(logprobs), versions)
         else:
             for t, m, lp, v in zip(output_ids, output_mask, logprobs, versions):
-                row.add([t], int(m), [lp if m else 0.0], [v if m else None])
+                row.add([t], int(m), [lp], [v if m else None])  # a masked token keeps its logprob (TRL)
         setattr(self.tally, decision, getattr(self.tally, decision) + 1)
         if decision != CLEAN:
             self.tally.drift_tokens.append(drift)

@@ -61,15 +61,18 @@ def merge_env_rewards(totals: list[float], components: dict[str, list[float]],
     return totals, components
 
 
-def tool_metrics(res: ConversationResult) -> dict[str, float]:
-    """Per-sample metrics as TRL names them, plus latency and reconciliation counts."""
+def tool_metrics(res: ConversationResult, group_called: bool) -> dict[str, float]:
+    """Per-sample metrics as TRL names them, plus latency and reconciliation counts. As in
+    TRL, tools/call_frequency and failure_frequency exist only for groups that called a tool."""
     lat = res.tool_latencies
-    return {"tools/call_frequency": float(res.tool_calls),
-            "tools/failure_frequency": res.tool_failures / res.tool_calls if res.tool_calls else 0.0,
-            "tools/latency_ms": 1000 * sum(lat) / len(lat) if lat else 0.0,
-            "tools/loop_exhausted": float(res.loop_exhausted),
-            "rollout/turns": float(res.turns), "rollout/forks": float(res.tally.fork),
-            "rollout/realigns": float(res.tally.realign)}
+    out = {"tools/latency_ms": 1000 * sum(lat) / len(lat) if lat else 0.0,
+           "tools/loop_exhausted": float(res.loop_exhausted),
+           "rollout/turns": float(res.turns), "rollout/forks": float(res.tally.fork),
+           "rollout/realigns": float(res.tally.realign)}
+    if group_called:
+        out["tools/call_frequency"] = float(res.tool_calls)
+        out["tools/failure_frequency"] = res.tool_failures / res.tool_calls if res.tool_calls else 0.0
+    return out
 
 
 class MultiTurn:
@@ -183,6 +186,7 @@ class MultiTurn:
         """Every row of every conversation; a row's prompt is what all first rows share."""
         results = group.completions
         firsts = [r.rows[0].ids for r in results if r.rows]
+        called = any(r.tool_calls for r in results)
         out = []
         for i, res in enumerate(results):
             tok_per_s = res.generated / max(res.latency_s, 1e-9)
@@ -190,5 +194,5 @@ class MultiTurn:
                 P = min(min(common_prefix(row.ids, f) for f in firsts), row.mask.index(1))
                 out.append(Row(i, row.ids, row.mask, row.logprobs, P, row.spans(),
                                oldest_version([row.oldest_version()], group.version), tok_per_s,
-                               tool_metrics(res), fork=k))
+                               tool_metrics(res, called), fork=k))
         return out

@@ -1,0 +1,28 @@
+"""Step metrics: TRL's collator numbers over the step's micro-batches, reward stats per group."""
+
+import math
+from collections import Counter
+from types import SimpleNamespace
+
+from services.trainer.ledger import Ledger
+from services.trainer.packing import TokenBudgetBatcher, iter_batches
+from services.trainer.step_metrics import step_metrics
+
+
+def test_collator_and_reward_metrics(make_groups):
+    samples = make_groups(n_groups=2, size=4, prompt_len=8, seed=3)
+    for i, s in enumerate(samples):
+        s.reward_components = {"acc": float(i % 2)}
+        s.reward = 1.0 if s.group_id == "g0" else float(i % 2)  # g0 all equal: zero std
+    batches = list(iter_batches(TokenBudgetBatcher(1, budget=64), samples))
+    step_in = SimpleNamespace(batches=batches, wait_s=0.0, stale=[], staleness=[0] * len(samples))
+    out = step_metrics(step_in, {"perf/step_s": 1.0}, version=1, ledger=Ledger(), drops=Counter(),
+                       num_params=10, peak_tflops=None, last_sync={}, token_budget=64)
+    forwarded = sum(len(s) for s in samples)
+    unique = sum(len(r.input_ids) for mb in batches for r in mb.rows)
+    assert len(batches) == 1 and math.isclose(out["batch/packing_ratio"], forwarded / unique)
+    assert out["batch/packing_ratio"] > 1  # the shared prompts are forwarded once
+    assert math.isclose(out["batch/row_fill_frac"], unique / 64)
+    assert math.isclose(out["sample/trained_tokens_mean"], sum(s.completion_length for s in samples) / 8)
+    assert out["rewards/acc/mean"] == 0.5 and out["rewards/acc/std"] == 0.5
+    assert out["frac_reward_zero_std"] == 0.5 and "rewards/acc" not in out
