@@ -153,15 +153,19 @@ class VLLMServer:
         return [*pin, str(vllm_python()), "-m", "vllm.entrypoints.cli.main", "serve", self.model_dir,
                 "--host", "127.0.0.1", "--port", str(self.port), *base, *self.extra_args]
 
+    def env_updates(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The variables this server sets on top of `base` (dev mode, threads, GPU pinning)."""
+        updates = dict(HF_HUB_OFFLINE="1", VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1", OMP_NUM_THREADS="1")
+        if self.gpu:
+            updates.update(self.gpu.env(dict(base if base is not None else os.environ)))
+        elif self.cpus:
+            updates["VLLM_CPU_OMP_THREADS_BIND"] = self.cpus
+        return updates
+
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-memory-bytes
-        env.update(HF_HUB_OFFLINE="1", VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1",
-                   OMP_NUM_THREADS="1", VLLM_CACHE_ROOT=str(self.workdir / "cache"))
-        if self.gpu:
-            env.update(self.gpu.env(env))
-        elif self.cpus:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpus
+        env.update(self.env_updates(env), VLLM_CACHE_ROOT=str(self.workdir / "cache"))
         return env
 
     def start(self) -> VLLMServer:

@@ -75,8 +75,8 @@ def vllm_main(argv: list[str]) -> int:
                             a.kv_cache_gib or (2.0 if gpu else 0.5), a.gpu, a.gpu_memory_utilization)
     server = settings.server()
     cmd, env = server.command(), server.env()
-    changed = {k: v for k, v in env.items() if os.environ.get(k) != v and k != "VLLM_CACHE_ROOT"}
-    print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(changed.items())), *map(shlex.quote, cmd)]))
+    shown = server.env_updates({})
+    print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(shown.items())), *map(shlex.quote, cmd)]))
     if a.print:
         return 0
     os.execve(cmd[0] if os.path.isabs(cmd[0]) else shutil_which(cmd[0]), cmd, env)
