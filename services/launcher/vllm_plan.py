@@ -67,6 +67,24 @@ class VllmSettings:
                           extra_args=self.extra_args)
 
 
+def model_max_len(model_dir: str) -> int | None:
+    """The model's own position limit (config.json), which vLLM refuses to exceed."""
+    import json
+
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
+    return int(value) if value else None
+
+
+def default_max_len(model_dir: str, wanted: int) -> int:
+    """`wanted`, capped at the model's own limit."""
+    limit = model_max_len(model_dir)
+    return min(wanted, limit) if limit else wanted
+
+
 def settings_for(cfg, port: int, gpu: bool | None = None) -> VllmSettings:
     """The server a job would start on `port` for `cfg` (launcher section)."""
     if not cfg.model or not Path(cfg.model).is_dir():
@@ -74,7 +92,7 @@ def settings_for(cfg, port: int, gpu: bool | None = None) -> VllmSettings:
                            "for a hub id, start vLLM yourself (agrpo vllm) and point vllm_server_base_url at it")
     launch = cfg.launcher
     gpu = (launch.device == "gpu" or (launch.device == "auto" and has_gpu())) if gpu is None else gpu
-    max_len = launch.max_model_len or 1024 + cfg.max_completion_length
+    max_len = launch.max_model_len or default_max_len(cfg.model, 1024 + cfg.max_completion_length)
     kv = launch.kv_cache_gib or (2.0 if gpu else 0.5)
     return VllmSettings(str(Path(cfg.model).resolve()), port, gpu, max_len, kv, launch.vllm_gpu,
                         launch.gpu_memory_utilization, tuple(launch.vllm_args))

