@@ -15,6 +15,7 @@ COMMANDS = {
     "trainer": ("services.trainer.server", "Train on samples, sync weights into vLLM, publish versions."),
     "run": ("services.launcher.cli", "Run a whole job: vLLM, reward, trainer, rollout (see --help)."),
     "vllm": ("services.launcher.cli", "Start the vLLM server agrpo needs, or print its command (see --help)."),
+    "audit": ("services.trainer.audit", "Check a run's audit log: every prompt once, nothing past max_staleness."),
     "demo": ("services.demo.cli", "Run the whole system locally and train a small task (see --help)."),
 }
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"agrpo: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    if command == "demo":  # its own options, not config keys
+    if command in ("demo", "audit"):  # their own options, not config keys
         return int(importlib.import_module(COMMANDS[command][0]).main(rest) or 0)
     if command in ("run", "vllm"):
         from services.launcher import cli as launcher

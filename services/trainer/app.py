@@ -45,7 +45,7 @@ class TrainerApp:
         self.identity = Identity("trainer")
         self.metrics_file = Path(cfg.trainer.metrics_jsonl or Path(cfg.resolved_output_dir) / "metrics.jsonl")
         start = run_record.plan(Path(cfg.resolved_output_dir), cfg.run_id, cfg.resume_from_checkpoint,
-                                self.metrics_file)
+                                self.metrics_file, cfg.max_staleness)
         self.record, self.resumed_from = start.record, start.checkpoint
         if start.archived:
             log.warning("output_dir held an earlier run: moved to %s (set resume_from_checkpoint: true "

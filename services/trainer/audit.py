@@ -1,14 +1,17 @@
 """An append-only record of every trained sample: the exactly-once audit trail.
 
 One JSON line per sample (step, trainer version, sample and group ids, prompt key,
-policy version and its per-token spans, staleness), flushed each step. Operators (and
-the end-to-end test) can prove from it that every prompt of every epoch was trained
-once and that no trained token was older than max_staleness allows.
+policy version and its per-token spans, staleness), flushed each step; a resume moves the
+records past its checkpoint aside (run_record.rewind), so the file is the effective
+history. `verify` (and `agrpo audit OUTPUT_DIR`) proves from it alone that every prompt of
+every epoch was trained once, no sample twice, and nothing past max_staleness.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .sample import Sample
@@ -36,3 +39,84 @@ class TrainedSampleLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
             f.write("\n".join(lines) + "\n")
+
+
+@dataclass
+class Verdict:
+    """What `verify` found: the counts, and every violation (empty: the run is exactly-once)."""
+
+    samples: int = 0
+    prompt_keys: int = 0
+    steps: int = 0
+    max_staleness_seen: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def line(self) -> str:
+        head = (f"{self.samples} samples, {self.prompt_keys} prompt keys, {self.steps} steps, "
+                f"largest staleness {self.max_staleness_seen}")
+        return f"exactly once: OK ({head})" if self.ok else f"FAILED ({head}): " + "; ".join(self.problems[:5])
+
+
+def verify(path: Path, max_staleness: int | None = None, prompts_per_epoch: int | None = None) -> Verdict:
+    """Check an audit log by itself: every prompt key trained by one group, no sample id
+    twice, steps in order, no staleness past the bound, and (given the dataset size) every
+    epoch before the last complete."""
+    v = Verdict()
+    groups: dict[tuple, set[str]] = {}
+    ids: set[str] = set()
+    last_step = 0
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        rec = json.loads(line)
+        v.samples += 1
+        key = tuple(rec["prompt_key"])
+        groups.setdefault(key, set()).add(rec["group_id"])
+        if rec["sample_id"] in ids:
+            v.problems.append(f"sample {rec['sample_id']} trained twice (line {n})")
+        ids.add(rec["sample_id"])
+        if rec["step"] < last_step:
+            v.problems.append(f"line {n}: step {rec['step']} after step {last_step}")
+        last_step = max(last_step, rec["step"])
+        v.max_staleness_seen = max(v.max_staleness_seen, rec["staleness"])
+        if rec["staleness"] < 0 or (max_staleness is not None and rec["staleness"] > max_staleness):
+            v.problems.append(f"sample {rec['sample_id']} trained at staleness {rec['staleness']} "
+                              f"(max_staleness {max_staleness})")
+    v.prompt_keys, v.steps = len(groups), last_step
+    for key, gs in sorted(groups.items()):
+        if len(gs) > 1:
+            v.problems.append(f"prompt key {list(key)} trained by {len(gs)} groups")
+    if prompts_per_epoch:
+        epochs = max((k[1] for k in groups), default=-1)
+        for e in range(epochs):
+            missing = prompts_per_epoch - sum(1 for k in groups if k[1] == e)
+            if missing:
+                v.problems.append(f"epoch {e}: {missing} of {prompts_per_epoch} prompts never trained")
+    return v
+
+
+def main(argv: list[str]) -> int:
+    """`agrpo audit OUTPUT_DIR [--max-staleness N] [--prompts N]`: 0 when exactly once."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="agrpo audit", description="Prove a run trained every prompt once, "
+                                "no sample twice and nothing past max_staleness, from its audit log.")
+    p.add_argument("output_dir", type=Path)
+    p.add_argument("--max-staleness", type=int, default=None, help="default: the run's (run.json)")
+    p.add_argument("--prompts", type=int, default=None, help="dataset size: also check complete epochs")
+    a = p.parse_args(argv)
+    log = a.output_dir / "trained_samples.jsonl"
+    if not log.exists():
+        print(f"agrpo audit: {log} not found", file=sys.stderr)
+        return 2
+    bound = a.max_staleness
+    if bound is None:
+        try:
+            bound = json.loads((a.output_dir / "run.json").read_text()).get("max_staleness")
+        except (OSError, ValueError):
+            bound = None
+    verdict = verify(log, bound, a.prompts)
+    print(verdict.line())
+    return 0 if verdict.ok else 1

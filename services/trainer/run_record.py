@@ -40,15 +40,19 @@ class RunRecord:
     path: Path
     run_id: str
     max_version: int = 0
+    max_staleness: int | None = None
+    """The bound the run trains under (for `agrpo audit`)."""
 
     def reserve(self, version: int) -> None:
         """Record `version` before its weights leave the trainer (atomic write)."""
         if version <= self.max_version:
             return
         self.max_version = version
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"run_id": self.run_id, "max_version": version}))
-        os.replace(tmp, self.path)
+        _write(self)
+
+    def to_json(self) -> str:
+        return json.dumps({"run_id": self.run_id, "max_version": self.max_version,
+                           "max_staleness": self.max_staleness})
 
 
 def new_run_id() -> str:
@@ -61,7 +65,7 @@ def read(output_dir: Path) -> RunRecord | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return RunRecord(path, str(data.get("run_id", "")), int(data.get("max_version", 0)))
+    return RunRecord(path, str(data.get("run_id", "")), int(data.get("max_version", 0)), data.get("max_staleness"))
 
 
 @dataclass(frozen=True)
@@ -75,41 +79,46 @@ class Start:
 
 
 def plan(output_dir: Path, run_id: str | None, resume_from: bool | str | None,
-         metrics_file: Path | None = None) -> Start:
+         metrics_file: Path | None = None, max_staleness: int | None = None) -> Start:
     """Decide the start (see the module docstring) and set up run.json for it. A fresh run
     also moves an earlier metrics file (when it lives outside output_dir) to the archive."""
     output_dir.mkdir(parents=True, exist_ok=True)
     prev = read(output_dir)
     restart = bool(run_id) and prev is not None and prev.run_id == run_id
     if restart:
+        prev.max_staleness = max_staleness
+        _write(prev)
         return Start(checkpoint.latest(output_dir), prev, restart=True)
     if resume_from is True or (isinstance(resume_from, str) and resume_from.lower() == "true"):
         ckpt = checkpoint.latest(output_dir)
         if ckpt is None:
             raise ResumeError(f"resume_from_checkpoint=true, but {output_dir} holds no checkpoint "
                               "(config key output_dir)")
-        return Start(ckpt, _continued(output_dir, prev, run_id), restart=False)
+        return Start(ckpt, _continued(output_dir, prev, run_id, max_staleness), restart=False)
     if isinstance(resume_from, str) and resume_from and resume_from.lower() != "false":
         ckpt = Path(resume_from)
         if not (ckpt / checkpoint.STATE_FILE).exists():
             raise ResumeError(f"resume_from_checkpoint={resume_from!r} is not a checkpoint folder "
                               f"(no {checkpoint.STATE_FILE})")
-        return Start(ckpt, _continued(output_dir, prev, run_id), restart=False)
+        return Start(ckpt, _continued(output_dir, prev, run_id, max_staleness), restart=False)
     archived = archive_previous(output_dir, prev, metrics_file)
-    record = RunRecord(output_dir / RUN_FILE, run_id or new_run_id())
+    record = RunRecord(output_dir / RUN_FILE, run_id or new_run_id(), max_staleness=max_staleness)
     _write(record)
     return Start(None, record, restart=False, archived=archived)
 
 
-def _continued(output_dir: Path, prev: RunRecord | None, run_id: str | None) -> RunRecord:
+def _continued(output_dir: Path, prev: RunRecord | None, run_id: str | None,
+               max_staleness: int | None) -> RunRecord:
     record = RunRecord(output_dir / RUN_FILE, run_id or (prev.run_id if prev else new_run_id()),
-                       prev.max_version if prev else 0)
+                       prev.max_version if prev else 0, max_staleness)
     _write(record)
     return record
 
 
 def _write(record: RunRecord) -> None:
-    record.path.write_text(json.dumps({"run_id": record.run_id, "max_version": record.max_version}))
+    tmp = record.path.with_suffix(".tmp")
+    tmp.write_text(record.to_json())
+    os.replace(tmp, record.path)
 
 
 def archive_previous(output_dir: Path, prev: RunRecord | None, metrics_file: Path | None = None) -> Path | None:
