@@ -23,10 +23,6 @@ from typing import Any
 from .deadline import call_budget
 from .registry import FunctionSpec, invoke, load
 
-WORKER_NICE = 10
-"""Workers yield the CPU to the server process, whose event loop admits and refuses
-requests: under overload it must stay prompt, or refusals queue up behind scoring."""
-
 
 def _reason(exc: BaseException) -> str:
     """`Type: message` plus the innermost frame: enough to find the bug, short enough to log."""
@@ -61,7 +57,6 @@ def _die_with_parent() -> None:
 def worker_main(conn: Connection, specs: list[FunctionSpec], sys_path: list[str]) -> None:
     """Entry point of a worker process."""
     _die_with_parent()
-    os.nice(WORKER_NICE)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     sys.path[:] = [*sys_path, *(p for p in sys.path if p not in sys_path)]
     try:
