@@ -12,7 +12,12 @@ import statistics
 
 def _mean(values) -> float:
     values = [v for v in values if v is not None and not math.isnan(v)]
-    return statistics.fmean(values) if values else float("nan")
+    if not values:
+        return float("nan")
+    try:
+        return statistics.fmean(values)
+    except (ValueError, OverflowError):  # fsum refuses inf - inf and overflows past 1.8e308
+        return sum(values) / len(values)
 
 
 def step_metrics(step_in, stats: dict, *, version: int, ledger, drops, num_params: int,
@@ -97,7 +102,12 @@ def _sample_metrics(out: dict, samples) -> None:
 
 def _std(values) -> float:
     values = [v for v in values if v is not None and not math.isnan(v)]
-    return statistics.pstdev(values) if values else float("nan")
+    if not values or any(math.isinf(v) for v in values):
+        return float("nan")  # as torch.std; statistics.pstdev raises on infinities
+    try:
+        return statistics.pstdev(values)
+    except OverflowError:
+        return math.inf
 
 
 def _rewards(out: dict, samples) -> None:

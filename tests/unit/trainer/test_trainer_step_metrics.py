@@ -26,3 +26,20 @@ def test_collator_and_reward_metrics(make_groups):
     assert math.isclose(out["sample/trained_tokens_mean"], sum(s.completion_length for s in samples) / 8)
     assert out["rewards/acc/mean"] == 0.5 and out["rewards/acc/std"] == 0.5
     assert out["frac_reward_zero_std"] == 0.5 and "rewards/acc" not in out
+
+
+def test_infinite_rewards_do_not_break_the_step_log(make_groups):
+    # The reward service may total a group to +-inf; statistics.pstdev raises on infinities.
+    samples = make_groups(n_groups=1, size=4, prompt_len=8, seed=4)
+    for s, r in zip(samples, (math.inf, -math.inf, 1.0, math.nan)):
+        s.reward, s.reward_components = r, {"f": r}
+    batches = list(iter_batches(TokenBudgetBatcher(1, budget=64), samples))
+    step_in = SimpleNamespace(batches=batches, wait_s=0.0, stale=[], staleness=[0] * len(samples))
+    out = step_metrics(step_in, {"perf/step_s": 1.0}, version=1, ledger=Ledger(), drops=Counter(),
+                       num_params=10, peak_tflops=None, last_sync={}, token_budget=64)
+    assert math.isnan(out["rewards/f/std"]) and out["frac_reward_zero_std"] == 0.0
+    for s, v in zip(samples, (1e308, 1e308, -math.inf, math.inf)):
+        s.metrics = {"generation_tok_per_s": v}
+    out = step_metrics(step_in, {"perf/step_s": 1.0}, version=1, ledger=Ledger(), drops=Counter(),
+                       num_params=10, peak_tflops=None, last_sync={}, token_budget=64)
+    assert math.isnan(out["generation_tok_per_s"])
