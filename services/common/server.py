@@ -17,6 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from .config.sections import AuthConfig, ServiceSection, TLSConfig
+from .errors import DecodeErrors
 from .logging import get_logger
 from .security import BearerTokenInterceptor, server_credentials, server_token
 
@@ -30,15 +31,16 @@ class GrpcServer:
     def __init__(self, section: ServiceSection, service_names: Iterable[str], register: Registrar,
                  tls: TLSConfig | None = None, auth: AuthConfig | None = None,
                  interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
-        """`interceptors` run first, outside the bearer-token check (they see its refusals)."""
+        """`interceptors` run first, outside the bearer-token check (they see its refusals);
+        innermost, unary requests that do not parse get INVALID_ARGUMENT (errors.DecodeErrors)."""
         self.section = section
         self.service_names = list(service_names)
         limit = section.max_message_mb * 1024 * 1024
         token = server_token(auth) if auth else None
-        chain = [*interceptors, *([BearerTokenInterceptor(token)] if token else [])]
+        chain = [*interceptors, *([BearerTokenInterceptor(token)] if token else []), DecodeErrors()]
         self.security = {"tls": _tls_mode(tls), "auth": "token" if token else "off"}
         self.server = grpc.aio.server(
-            interceptors=chain or None,
+            interceptors=chain,
             options=[("grpc.max_send_message_length", limit),
                      ("grpc.max_receive_message_length", limit),
                      ("grpc.so_reuseport", 0),

@@ -55,7 +55,7 @@ class TrainerApp:
         self.board = PolicyBoard()
         self.metrics = TrainerMetrics()
         self.intake = Intake(self.buffer, self.state.ledger, build_pace(cfg), self._max_tokens,
-                             self.metrics.on_intake, self._version_problem)
+                             self.metrics.on_intake, self._version_problem, self._vocab_size)
         self.loop = None  # TrainerLoop, once boot() has loaded the model
         self.ready = False
 
@@ -73,17 +73,24 @@ class TrainerApp:
 
     def _version_problem(self, sample) -> str | None:
         """Why a sample's versions cannot be trained here: a token of weights a restart rolled
-        back (off the lineage), or a version newer than the trainer's."""
+        back (off the lineage), a version newer than the trainer's, or a span claiming a
+        version no weights ever had (past the high-water mark)."""
         st = self.state
         for v in (sample.policy_version, *(v for v, _, _ in sample.version_spans)):
             if st.lineage.index(v) is None:
                 return f"off the trainer's lineage: version {v} names weights a restart rolled back"
         if st.lineage.distance(st.version, sample.policy_version) < 0:
             return f"version {sample.policy_version} is newer than the trainer's {st.version}"
+        newest = max(v for v, _, _ in sample.version_spans) if sample.version_spans else 0
+        if newest > self.record.max_version:
+            return f"a span's version {newest} was never published (highest {self.record.max_version})"
         return None
 
     def _max_tokens(self) -> int | None:
         return self.loop.token_budget() if self.loop else None
+
+    def _vocab_size(self) -> int | None:
+        return self.loop.engine.model.get_input_embeddings().num_embeddings if self.loop else None
 
     async def boot(self) -> None:
         """Load the model (or the checkpoint), open the weight syncer, cold-sync every server."""

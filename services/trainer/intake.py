@@ -65,10 +65,12 @@ class Intake:
     def __init__(self, buffer: SampleBuffer, ledger: Ledger, pace: Pace | None = None,
                  max_tokens: Callable[[], int | None] = lambda: None,
                  on_event: Callable[[str, Sample | None], None] = lambda kind, s: None,
-                 version_problem: Callable[[Sample], str | None] = lambda s: None) -> None:
+                 version_problem: Callable[[Sample], str | None] = lambda s: None,
+                 vocab_size: Callable[[], int | None] = lambda: None) -> None:
         self.buffer, self.ledger = buffer, ledger
         self.pace = pace or Pace(max_staleness=0, nominal_per_version=buffer.capacity, capacity=buffer.capacity)
         self.max_tokens = max_tokens
+        self.vocab_size = vocab_size  # the model's, once loaded: token ids must index it
         self.version_problem = version_problem  # off the lineage or newer than the trainer: refuse
         self.on_event = on_event  # metrics hook: ("received"|"duplicate"|"rejected"|..., sample)
         self.stats = IntakeStats()
@@ -131,6 +133,10 @@ class Intake:
         return outcome
 
     def _judge(self, sample: Sample) -> tuple[Outcome, str]:
+        # Malformed first: a broken copy of a known id is refused, not taken for a re-send.
+        problem = sample.validate(self.vocab_size())
+        if problem:
+            return Outcome.REJECTED, problem
         if self.ledger.is_trained(sample.sample_id):
             return Outcome.DUPLICATE, "already trained"
         if self.ledger.owned_by_other(sample):
@@ -139,9 +145,6 @@ class Intake:
             # Not final yet: the producer must keep it until TRAINED, which will reach
             # its current stream. So ACCEPTED again (credit back), not DUPLICATE.
             return Outcome.ACCEPTED, ALREADY_PENDING
-        problem = sample.validate()
-        if problem:
-            return Outcome.REJECTED, problem
         problem = self.version_problem(sample)
         if problem:
             return Outcome.DROPPED_STALE, problem

@@ -20,7 +20,7 @@ from services.common.logging import get_logger
 from services.common.versions import lineage_to_proto, oldest_version
 
 from .intake import Outbound
-from .sample import Sample
+from .sample import MAX_ID_CHARS, Sample
 
 log = get_logger("trainer.servicer")
 
@@ -29,7 +29,8 @@ _TRANSPORTS = {"http": common_pb2.WEIGHT_TRANSPORT_HTTP, "shared_path": common_p
 
 
 def sample_from_proto(msg: common_pb2.RolloutSample) -> Sample:
-    """Staleness is judged by the oldest version that produced a token (spans included)."""
+    """Staleness is judged by the oldest version that produced a token (spans included); a
+    policy_version newer than that is kept as `sent_version` (Sample.validate refuses it)."""
     spans = [(sp.policy_version, sp.start, sp.end) for sp in msg.version_spans]
     oldest = oldest_version([msg.policy_version, *(v for v, _, _ in spans)], msg.policy_version)
     return Sample(
@@ -40,7 +41,8 @@ def sample_from_proto(msg: common_pb2.RolloutSample) -> Sample:
         advantage=msg.advantage, reward=msg.reward, producer_id=msg.producer_id,
         prompt_length=msg.prompt_length, reward_components=dict(msg.reward_components),
         metrics=dict(msg.metrics), prompt_text=msg.prompt_text, completion_text=msg.completion_text,
-        reward_errors=dict(msg.reward_errors))
+        reward_errors=dict(msg.reward_errors),
+        sent_version=msg.policy_version if msg.policy_version != oldest else None)
 
 
 def _prompt_key(key) -> common_pb2.PromptKey:
@@ -75,11 +77,15 @@ class TrainerServicer(trainer_grpc.TrainerServiceServicer):
 
     @grpc_errors
     async def PushSamples(self, request_iterator, context):
+        """Bytes that do not parse end the stream with INVALID_ARGUMENT (grpc_errors maps the
+        reader's DecodeError); messages over the size limit end it with RESOURCE_EXHAUSTED."""
         if not self.app.ready:
             raise Unavailable("trainer is starting (model loading or first weight sync)")
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("payload") != "hello":
             raise InvalidArgument("the first PushSamples message must be hello")
+        if len(first.hello.producer_id) > MAX_ID_CHARS:
+            raise InvalidArgument(f"producer_id longer than {MAX_ID_CHARS} characters")
         intake = self.app.intake
         stream = intake.open(first.hello.producer_id or context.peer(), first.hello.prompts_per_epoch)
         reader = asyncio.create_task(self._read(request_iterator, stream))
@@ -89,11 +95,15 @@ class TrainerServicer(trainer_grpc.TrainerServiceServicer):
                 if out is None:  # replaced by a newer stream, or the reader finished
                     break
                 yield self._response(out)
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                raise reader.exception()  # e.g. a message that does not parse
         finally:
             reader.cancel()
             intake.close(stream)
 
     async def _read(self, request_iterator, stream) -> None:
+        """Feed the intake until the producer half-closes; a failure ends the stream (PushSamples
+        raises it after the acks already queued)."""
         try:
             async for req in request_iterator:
                 kind = req.WhichOneof("payload")
