@@ -18,8 +18,8 @@ from pathlib import Path
 
 from services.common.preflight import STARTUP_ERROR_EXIT, StartupError
 
+from .gpus import gpu_count, trainer_devices
 from .preflight import check_job
-
 from .processes import ServiceProcess, agrpo_argv, get_status, is_done, status_numbers
 from .progress import StepFollower
 from .supervisor import RestartPolicy, Supervised
@@ -67,6 +67,7 @@ class Job:
     def start(self) -> None:
         """Preflight, vLLM, then reward -> trainer -> rollout, each once healthy."""
         check_job(self.cfg)
+        self.trainer_gpus = self._trainer_gpus()
         self.logs.mkdir(parents=True, exist_ok=True)
         for url, port in servers_to_start(self.cfg):
             settings = settings_for(self.cfg, port)
@@ -90,13 +91,27 @@ class Job:
                     raise StartupError(proc.log_tail(1).strip()) from None
                 raise
 
+    def _trainer_gpus(self) -> str | None:
+        """The trainer's CUDA_VISIBLE_DEVICES; None on CPU (or when the job's env sets it)."""
+        launch = self.cfg.launcher
+        count = 0 if launch.device == "cpu" or self.cfg.use_cpu else gpu_count()
+        if launch.device == "gpu" and count == 0:
+            raise StartupError("launcher.device='gpu': nvidia-smi lists no GPU on this machine")
+        if count == 0 or "CUDA_VISIBLE_DEVICES" in self.opts.env.get("trainer", {}):
+            return None
+        return trainer_devices(self.cfg, count)
+
     def _argv(self, name: str) -> list[str]:
-        return agrpo_argv(name, self.opts.config_path, *self.opts.extra_flags, cpus=self.opts.cpus.get(name))
+        ranks = self.cfg.trainer.num_processes if name == "trainer" else 1
+        return agrpo_argv(name, self.opts.config_path, *self.opts.extra_flags, cpus=self.opts.cpus.get(name),
+                          ranks=ranks)
 
     def _env(self, name: str) -> dict[str, str]:
         env = {"AGRPO_RUN_ID": self.run_id, **self.opts.env.get(name, {})}
         if name == "trainer":
             env["AGRPO_TRAINER__EXIT_WHEN_DONE"] = "true"
+            if self.trainer_gpus is not None:
+                env["CUDA_VISIBLE_DEVICES"] = self.trainer_gpus
         return env
 
     # Running

@@ -8,8 +8,6 @@ Pure decisions plus a health probe; no vLLM import.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -19,18 +17,14 @@ from urllib.parse import urlparse
 from services.common.preflight import StartupError, check_vllm_urls
 from services.common.vllm_process import GpuProfile, VLLMServer
 
+from .gpus import gpu_count
+
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
 def has_gpu() -> bool:
     """True when nvidia-smi lists at least one GPU (no CUDA import)."""
-    if shutil.which("nvidia-smi") is None:
-        return False
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
+    return gpu_count() > 0
 
 
 def answers(url: str, timeout_s: float = 2.0) -> bool:

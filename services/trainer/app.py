@@ -24,6 +24,7 @@ from .ledger import Ledger
 from .metrics import TrainerMetrics
 from .pacing import Pace
 from .policy import PolicyBoard
+from .ranks import RankGroup, World
 from .state import TrainState
 
 log = get_logger("trainer.app")
@@ -40,9 +41,10 @@ def build_pace(cfg: AgrpoConfig) -> Pace:
 class TrainerApp:
     """The running trainer: what the servicer answers from and the server drives."""
 
-    def __init__(self, cfg: AgrpoConfig) -> None:
+    def __init__(self, cfg: AgrpoConfig, world: World | None = None) -> None:
         self.cfg = cfg
         self.identity = Identity("trainer")
+        self.ranks = RankGroup(world or World())  # rank 0's handle on the trainer's other ranks
         self.metrics_file = Path(cfg.trainer.metrics_jsonl or Path(cfg.resolved_output_dir) / "metrics.jsonl")
         start = run_record.plan(Path(cfg.resolved_output_dir), cfg.run_id, cfg.resume_from_checkpoint,
                                 self.metrics_file, cfg.max_staleness)
@@ -125,6 +127,7 @@ class TrainerApp:
             stream.send(None)
         if self.loop is not None:
             await self.loop.syncer.close()
+            self.ranks.stop()  # the other ranks exit
 
     def status(self) -> dict:
         """GetStatus's numbers (the servicer adds the resume point)."""

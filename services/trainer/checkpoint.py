@@ -22,6 +22,7 @@ from .state import TrainState
 log = get_logger("trainer.checkpoint")
 PREFIX = "checkpoint-"
 STATE_FILE = "agrpo_state.json"
+SHARDS = "shards"  # multi-rank: model and optimizer shards (torch.distributed.checkpoint)
 
 
 def _rng_state() -> dict:
@@ -43,21 +44,29 @@ def _set_rng_state(state: dict) -> None:
 
 
 def save(output_dir: str | Path, state: TrainState, model, tokenizer, optimizer, scheduler,
-         total_limit: int | None = None, model_only: bool = False) -> Path:
-    """Write checkpoint-<step> atomically; prune beyond total_limit."""
+         total_limit: int | None = None, model_only: bool = False, write_shards=None) -> Path:
+    """Write checkpoint-<step> atomically; prune beyond total_limit.
+
+    write_shards (multi-rank): `write_shards(folder)` writes every rank's model and optimizer
+    shards there (torch.distributed.checkpoint) and returns the full weights, which become
+    the HF weights of the checkpoint; optimizer.pt then holds only scheduler and RNG."""
     root = Path(output_dir)
     final = root / f"{PREFIX}{state.step}"
     tmp = root / f".{PREFIX}{state.step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
+    full = write_shards(tmp / SHARDS) if write_shards is not None else None
+    if full is not None:
+        model.save_pretrained(tmp, state_dict={name: t.cpu() for name, t in full})
+    else:
+        model.save_pretrained(tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     if not model_only:
         import torch
 
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "rng": _rng_state()}, tmp / "optimizer.pt")
+        optim = {} if write_shards is not None else {"optimizer": optimizer.state_dict()}
+        torch.save({**optim, "scheduler": scheduler.state_dict(), "rng": _rng_state()}, tmp / "optimizer.pt")
     (tmp / STATE_FILE).write_text(json.dumps(state.to_dict()))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -99,7 +108,8 @@ def restore_optimizer(path: str | Path, optimizer, scheduler) -> bool:
     import torch
 
     data = torch.load(file, weights_only=False)
-    optimizer.load_state_dict(data["optimizer"])
+    if "optimizer" in data:  # multi-rank checkpoints keep it in their shards
+        optimizer.load_state_dict(data["optimizer"])
     scheduler.load_state_dict(data["scheduler"])
     _set_rng_state(data["rng"])
     return True

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .engine import Engine, RootForward, _decoder
+from .engine import Engine, RootForward, _decoder, _sharded
 from .weight_sync.transports import hf_name
 
 
@@ -100,7 +100,7 @@ def weights_for_sync(engine: Engine, dtype: torch.dtype | None = None, dst: int 
     """What a weight sync sends, sharded or not (single-device: `named_weights`)."""
     from .weight_sync.transports import named_weights
 
-    if engine.world > 1:
+    if _sharded(engine.root):
         return full_weights_for_sync(engine.root, dtype, dst=dst)
     return named_weights(engine.model, dtype)
 

@@ -38,12 +38,12 @@ from .metrics import StepLogger, TrainerMetrics
 from .packing import MicroBatch, make_batcher
 from .policy import PolicyBoard
 from .reward_health import RewardHealth
+from .ranks import RankGroup
 from .run_record import RunRecord
 from .sample import Outcome, Sample
 from .state import TrainState
 from .step_metrics import step_metrics
 from .weight_sync import WeightSyncer
-from .weight_sync.transports import named_weights
 
 log = get_logger("trainer.loop")
 
@@ -64,8 +64,9 @@ class TrainerLoop:
 
     def __init__(self, cfg: AgrpoConfig, engine: Engine, tokenizer, syncer: WeightSyncer,
                  state: TrainState, buffer: SampleBuffer, intake: Intake, board: PolicyBoard,
-                 metrics: TrainerMetrics, step_log: StepLogger, record: RunRecord) -> None:
+                 metrics: TrainerMetrics, step_log: StepLogger, record: RunRecord, ranks: RankGroup) -> None:
         self.cfg, self.engine, self.tokenizer, self.syncer = cfg, engine, tokenizer, syncer
+        self.ranks = ranks  # the trainer's ranks: every collective goes through it (ranks.py)
         self.record = record  # run.json: the version high-water mark
         self.state, self.buffer, self.intake, self.board = state, buffer, intake, board
         self.metrics, self.step_log = metrics, step_log
@@ -95,7 +96,8 @@ class TrainerLoop:
         return budget if budget > 0 else None
 
     def _make_batcher(self) -> None:
-        self.batcher = make_batcher(self.cfg.token_budget, self.max_model_len or 0, 1,
+        # One row per rank in every micro-batch (TRL's num_processes): rank r trains row r.
+        self.batcher = make_batcher(self.cfg.token_budget, self.max_model_len or 0, self.ranks.world.size,
                                     self.cfg.per_device_train_batch_size, self._on_oversize,
                                     self.cfg.trainer.max_samples_per_micro_batch)
 
@@ -110,7 +112,7 @@ class TrainerLoop:
         self.metrics.dropped.labels(reason).inc(n)
 
     def _prepare_payload(self, version: int):
-        named = named_weights(self.engine.model, wire_dtype(self.cfg.trainer.sync_dtype))
+        named = self.ranks.weights(wire_dtype(self.cfg.trainer.sync_dtype))  # gathered, then sent alone
         return self.syncer.transport.prepare(named, version)
 
     # Weight sync
@@ -318,7 +320,9 @@ class TrainerLoop:
     async def train_step(self, step_in: StepInput) -> dict:
         """One optimizer step in a worker thread, then ledger, acks and counters."""
         t0 = time.perf_counter()
-        stats = await asyncio.to_thread(self.engine.train_step, step_in.batches, self.state.staleness)
+        versions = {s.policy_version for mb in step_in.batches for s in mb.samples}
+        staleness = {v: self.state.staleness(v) for v in versions}
+        stats = await asyncio.to_thread(self.ranks.train_step, step_in.batches, staleness)
         stats["perf/step_s"] = time.perf_counter() - t0
         samples = [s for mb in step_in.batches for s in mb.samples]
         for warning in self.reward_health.check(samples):  # raises when rewards stay unusable
@@ -389,7 +393,8 @@ class TrainerLoop:
         self._saved_step = self.state.step
         await asyncio.to_thread(
             checkpoint.save, self.cfg.resolved_output_dir, self.state, self.engine.model, self.tokenizer,
-            self.engine.optimizer, self.engine.scheduler, self.cfg.save_total_limit, self.cfg.save_only_model)
+            self.engine.optimizer, self.engine.scheduler, self.cfg.save_total_limit, self.cfg.save_only_model,
+            self.ranks.save_shards if self.ranks.sharded else None)
 
 
 def wire_dtype(name: str):

@@ -20,7 +20,9 @@ from services.common.logging import get_logger, setup_logging
 from services.common.preflight import StartupError
 from services.common.server import GrpcServer, StopSignals
 
+from . import ranks
 from .app import TrainerApp
+from .ranks import World
 from .servicer import TrainerServicer
 
 log = get_logger("trainer.server")
@@ -30,9 +32,9 @@ SERVICE_NAME = "agrpo.v1.TrainerService"
 class TrainerService:
     """The gRPC server plus the app behind it; boot and training run as background tasks."""
 
-    def __init__(self, cfg: AgrpoConfig) -> None:
+    def __init__(self, cfg: AgrpoConfig, world: World | None = None) -> None:
         self.cfg = cfg
-        self.app = TrainerApp(cfg)
+        self.app = TrainerApp(cfg, world)
         servicer = TrainerServicer(self.app)
         self.grpc_server = GrpcServer(cfg.trainer, [SERVICE_NAME],
                                       lambda s: trainer_grpc.add_TrainerServiceServicer_to_server(servicer, s),
@@ -104,15 +106,15 @@ class TrainerService:
         await self.grpc_server.stop()
 
 
-async def build(cfg: AgrpoConfig) -> TrainerService:
-    """A trainer service, not started (binds its gRPC port)."""
-    return TrainerService(cfg)
+async def build(cfg: AgrpoConfig, world: World | None = None) -> TrainerService:
+    """A trainer service (rank 0 of `world`), not started (binds its gRPC port)."""
+    return TrainerService(cfg, world)
 
 
-async def serve(cfg: AgrpoConfig) -> int:
+async def serve(cfg: AgrpoConfig, world: World | None = None) -> int:
     """Until a stop signal (or, with trainer.exit_when_done, the end of training)."""
     signals = StopSignals().install()
-    svc = await build(cfg)
+    svc = await build(cfg, world)
     await svc.start(wait_ready=False)
     stop = asyncio.create_task(signals.requested.wait())
     await asyncio.wait([stop, svc._boot_task], return_when=asyncio.FIRST_COMPLETED)
@@ -133,13 +135,22 @@ def preflight(cfg: AgrpoConfig) -> None:
     """One-line start-up errors (services/common/preflight.py): ports, model, vLLM URLs, resume."""
     from services.common.preflight import check_model, check_service_ports, check_vllm_urls
 
-    check_service_ports(cfg, "trainer")
+    if ranks.world_from_env().leader:  # only rank 0 listens
+        check_service_ports(cfg, "trainer")
     check_model(cfg)
     check_vllm_urls(cfg)
 
 
 def main(cfg: AgrpoConfig) -> int:
-    """CLI entry point."""
+    """CLI entry point; under torchrun, rank 0 serves and the other ranks follow it."""
     setup_logging("trainer", cfg.log_format, cfg.log_level)
+    world = ranks.world_from_env()
+    if world.size > 1 or cfg.trainer.fsdp:
+        import torch
+
+        ranks.init(world, cfg.trainer.collective_timeout_s, torch.cuda.is_available() and not cfg.use_cpu,
+                   cfg.trainer.fsdp)
+    if not world.leader:
+        return ranks.follow(cfg, world)
     Path(cfg.resolved_output_dir).mkdir(parents=True, exist_ok=True)
-    return asyncio.run(serve(cfg))
+    return asyncio.run(serve(cfg, world))

@@ -66,15 +66,18 @@ def build_engine(cfg: AgrpoConfig, model_path: str, shard=None):
 
 def build_loop(app) -> TrainerLoop:
     """Everything the loop needs; the model (and optimizer) from `app.resumed_from` when
-    the app restored its state from that checkpoint."""
+    the app restored its state from that checkpoint, on every rank (app.ranks)."""
     cfg, ckpt = app.cfg, app.resumed_from
     if not cfg.model:
         raise ValueError("trainer needs `model` (a path or id)")
-    engine, tokenizer, device = build_engine(cfg, str(ckpt) if ckpt else cfg.model)
-    if ckpt is not None and not checkpoint.restore_optimizer(ckpt, engine.optimizer, engine.scheduler):
+    shards = ckpt / checkpoint.SHARDS if ckpt is not None else None
+    shards = str(shards) if shards is not None and shards.exists() else None
+    engine, tokenizer, device = app.ranks.build(cfg, str(ckpt) if ckpt else cfg.model, shards)
+    if ckpt is not None and shards is None and not checkpoint.restore_optimizer(ckpt, engine.optimizer,
+                                                                                  engine.scheduler):
         log.warning("%s holds no optimizer state (save_only_model): optimizer starts fresh", ckpt)
     syncer = WeightSyncer(cfg.vllm_urls, make_transport(cfg, device), cfg.weight_sync_phase_timeout,
                           cfg.weight_sync_timeout, load_mode=cfg.trainer.weight_load)
     step_log = StepLogger(app.metrics_file, cfg.logging_steps, cfg.report_to, cfg.run_name, cfg.logging_dir, cfg.project)
     return TrainerLoop(cfg, engine, tokenizer, syncer, app.state, app.buffer, app.intake, app.board,
-                       app.metrics, step_log, app.record)
+                       app.metrics, step_log, app.record, app.ranks)

@@ -110,6 +110,29 @@ def test_ctrl_c_stops_after_the_step_in_progress(shared, tiny_model_dir, tmp_pat
     assert (tmp_path / "out" / f"checkpoint-{max(steps)}").is_dir()
 
 
+def test_two_trainer_ranks_stop_together_on_ctrl_c(shared, tiny_model_dir, tmp_path):
+    """trainer.num_processes 2: agrpo run starts the trainer under torchrun (gloo on CPU);
+    Ctrl-C stops both ranks after the step, with a sharded checkpoint."""
+    job = user_job(tmp_path, shared, tiny_model_dir, max_steps=500, save_strategy="steps", save_steps=1000,
+                   trainer={"num_processes": 2, "collective_timeout_s": 60})
+    proc = subprocess.Popen([*AGRPO, "run", str(job)], cwd=job.parent, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 400
+        while len(_steps(tmp_path / "out")) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out[-3000:]
+    log = (tmp_path / "out" / "logs" / "trainer.log").read_text()
+    assert "rank 1 of 2 joined" in log and "rank 1: stop" in log, log[-3000:]
+    last = max(_steps(tmp_path / "out"))
+    assert any((tmp_path / "out" / f"checkpoint-{last}" / "shards").iterdir())
+
+
 def test_a_raising_reward_stops_the_run_naming_it(shared, tiny_model_dir, tmp_path):
     job = user_job(tmp_path, shared, tiny_model_dir, max_steps=50, reward_funcs=["my_rewards:always_fails"])
     r = subprocess.run([*AGRPO, "run", str(job)], cwd=job.parent, env=_env(), capture_output=True, text=True,

@@ -183,6 +183,14 @@ class TrainerSection(ServiceSection):
     reward_failure_patience: int = Field(3, ge=0)
     """Stop the run (one line naming the reward function and its last error) after this many
     consecutive steps where most samples got no usable reward; 0: train on regardless."""
+    num_processes: int = Field(1, ge=1)
+    """Trainer ranks (one per GPU; gloo processes on CPU): `agrpo run` starts them with torchrun.
+    Rank 0 serves gRPC and plans each micro-batch over num_processes rows; every rank trains
+    its rows under FSDP2 (services/trainer/ranks.py)."""
+    fsdp: bool = False
+    """Shard with FSDP2 even on one rank (the multi-rank code path on one GPU)."""
+    collective_timeout_s: float = Field(300.0, gt=0)
+    """Timeout of every collective between trainer ranks: a hung rank becomes an error."""
     exit_when_done: bool = False
     """Exit once training is done (agrpo run sets it); otherwise keep serving status until stopped."""
     schedule: Literal["async", "sync"] = "async"
@@ -210,8 +218,9 @@ class LauncherSection(Section):
     """Where vLLM and the trainer run; auto: gpu when nvidia-smi lists a GPU."""
     vllm_gpu: str = "0"
     """CUDA device of the vLLM server it starts."""
-    trainer_gpus: str = "1"
-    """CUDA device(s) of the trainer."""
+    trainer_gpus: str | None = None
+    """CUDA devices of the trainer's ranks (one per rank, e.g. '1,2'); None: the GPUs vLLM
+    does not use, or vLLM's own on a one-GPU machine."""
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     """vLLM's share of its GPU."""
     max_model_len: int | None = Field(None, ge=16)

@@ -1,0 +1,248 @@
+"""The trainer on N ranks (torchrun): rank 0 serves and plans, every rank computes.
+
+Rank 0 runs the whole service (gRPC, ledger, audit, metrics, pacing, weight sync). Each
+thing the ranks must do together is one command rank 0 broadcasts to the others, which
+`follow()` in a loop:
+
+    build   load the model (or a checkpoint's shards), shard it with FSDP2
+    step    forward/backward of the step's micro-batches (each rank trains its rows)
+    weights gather the full weights for a sync, one FSDP unit at a time (rank 0 keeps them,
+            then sends them to vLLM alone: nothing interleaves with the gather)
+    save    write a checkpoint (torch.distributed.checkpoint shards + rank 0's files)
+    stop    exit
+
+Commands travel through the group's key-value store, not a collective: a follower may wait
+for the next one as long as the trainer idles (rollout slow, a sync, a quiet queue), while
+every collective the command starts has `trainer.collective_timeout_s`. A rank that hangs
+inside a command becomes an error on rank 0; a rank that dies ends the group (torchrun
+stops the others), the trainer exits non-zero and its supervisor restarts it, resuming from
+the last checkpoint. A follower that got a stop signal exits once rank 0 stays silent for
+the collective timeout. One rank: the same calls run locally.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+from services.common.logging import get_logger
+
+log = get_logger("trainer.ranks")
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the trainer: rank, world size, local GPU."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+
+def world_from_env() -> World:
+    """torchrun's RANK / WORLD_SIZE / LOCAL_RANK (one rank without them)."""
+    return World(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                 int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def init(world: World, timeout_s: float, use_cuda: bool, fsdp: bool = False) -> None:
+    """Join the process group (NCCL on GPUs, gloo on CPU), every collective timed out. One
+    rank needs a group only to shard (trainer.fsdp): then it is a group of one."""
+    if world.size == 1 and not fsdp:
+        return
+    _die_with_launcher()
+    import torch
+    import torch.distributed as dist
+
+    if use_cuda:
+        torch.cuda.set_device(world.local_rank)
+    if world.size == 1:
+        from services.common.vllm_process import free_port
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+    log.info("rank %d of %d joined (%s)", world.rank, world.size, "nccl" if use_cuda else "gloo")
+
+
+def _die_with_launcher() -> None:
+    """Under torchrun each rank has a session of its own, so a SIGKILL of the launcher's
+    process group (agrpo run's second Ctrl-C) misses it: ask Linux to kill it with its parent."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the launcher died before the line above
+        os._exit(1)
+
+
+class Commands:
+    """Numbered commands in the process group's store: rank 0 posts, the others take them in
+    order. Posting never blocks, so rank 0 can always say `stop`, even to ranks that are gone."""
+
+    def __init__(self) -> None:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        self.store = _get_default_store()
+        self.sent = self.taken = 0
+
+    def post(self, command: tuple) -> None:
+        self.store.set(f"agrpo/cmd/{self.sent}", pickle.dumps(command))
+        if self.sent:  # every command runs a collective, so all ranks took the one before
+            self.store.delete_key(f"agrpo/cmd/{self.sent - 1}")
+        self.sent += 1
+
+    def take(self, give_up) -> tuple | None:
+        """The next command; polls (1 ms, backing off to 50 ms) with no timeout of its own:
+        `give_up()` says when to stop waiting (None then)."""
+        key, pause = f"agrpo/cmd/{self.taken}", 0.001
+        while not self.store.check([key]):
+            if give_up():
+                return None
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.05)
+        self.taken += 1
+        return pickle.loads(self.store.get(key))
+
+
+class RankGroup:
+    """Rank 0's handle on the others: each method is one command every rank carries out."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.engine = None
+        self._commands = None
+
+    def _send(self, *command) -> None:
+        if self.world.size > 1:
+            self._commands = self._commands or Commands()
+            self._commands.post(command)
+
+    def build(self, cfg, model_path: str, shards: str | None):
+        """Every rank loads the model and shards it; returns rank 0's (engine, tokenizer, device)."""
+        self._send("build", model_path, shards)
+        built = build(cfg, model_path, shards, self.world)
+        self.engine = built[0]
+        return built
+
+    def train_step(self, batches, staleness: dict[int, int] | None) -> dict:
+        self._send("step", batches, staleness)
+        return self.engine.train_step(batches, staleness.get if staleness is not None else None)
+
+    def weights(self, dtype):
+        """The full (HF-named) weights on rank 0, gathered unit by unit on every rank."""
+        self._send("weights", dtype)
+        return gather_weights(self.engine, dtype)
+
+    @property
+    def sharded(self) -> bool:
+        return self.engine is not None and _sharded(self.engine)
+
+    def save_shards(self, shards_dir) -> list | None:
+        """Every rank writes its DCP shards into `shards_dir`; the full weights on rank 0."""
+        self._send("save", str(shards_dir))
+        return save_shards(self.engine, str(shards_dir))
+
+    def stop(self) -> None:
+        self._send("stop")
+
+
+def build(cfg, model_path: str, shards: str | None, world: World):
+    """The engine of one rank (FSDP2 from 2 ranks up, or with trainer.fsdp); a checkpoint's
+    shards (model, optimizer; scheduler and RNG from its optimizer.pt) loaded if given.
+    DCP reshards on load, so a checkpoint resumes at another world size too."""
+    from pathlib import Path
+
+    from . import checkpoint
+    from .setup import build_engine
+
+    if world.size == 1 and not cfg.trainer.fsdp:
+        built = build_engine(cfg, model_path)
+    else:
+        from .fsdp import shard_model
+        from .model import pick_device
+
+        mixed = pick_device(cfg).type == "cuda"
+        built = build_engine(cfg, model_path, shard=lambda m: shard_model(m, mixed_precision=mixed))
+    if shards:
+        load_shards(built[0], shards)
+        checkpoint.restore_optimizer(Path(shards).parent, built[0].optimizer, built[0].scheduler)
+    return built
+
+
+def _sharded(engine) -> bool:
+    from .engine import _sharded as is_sharded
+
+    return is_sharded(engine.root)
+
+
+def gather_weights(engine, dtype):
+    from .fsdp import weights_for_sync
+
+    return weights_for_sync(engine, dtype, dst=0)
+
+
+def save_shards(engine, shards_dir: str):
+    """DCP shards of model and optimizer (every rank); returns the full weights on rank 0."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(engine.root, engine.optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=shards_dir)
+    return gather_weights(engine, None)
+
+
+def load_shards(engine, shards_dir: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(engine.root, engine.optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=shards_dir)
+    set_state_dict(engine.root, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def follow(cfg, world: World) -> int:
+    """Ranks > 0: carry out rank 0's commands until `stop` (or the group breaks). A stop
+    signal is rank 0's to act on (it finishes the step with us, then says stop); if rank 0
+    stays silent for the collective timeout after one, this rank exits."""
+    signalled: list[float] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: signalled.append(time.monotonic()))
+
+    def give_up() -> bool:
+        return bool(signalled) and time.monotonic() - signalled[0] > cfg.trainer.collective_timeout_s
+
+    commands, engine = Commands(), None
+    while True:
+        command = commands.take(give_up)
+        if command is None:
+            log.warning("rank %d: stopped, and rank 0 is silent: exiting", world.rank)
+            return 1
+        name, *args = command
+        if name == "build":
+            engine = build(cfg, args[0], args[1], world)[0]
+        elif name == "step":
+            batches, staleness = args
+            engine.train_step(batches, staleness.get if staleness is not None else None)
+        elif name == "weights":
+            gather_weights(engine, args[0])
+        elif name == "save":
+            save_shards(engine, args[0])
+        elif name == "stop":
+            log.info("rank %d: stop", world.rank)
+            return 0

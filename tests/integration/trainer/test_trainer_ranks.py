@@ -1,0 +1,173 @@
+"""The trainer service on 2 gloo ranks (torchrun) trains exactly like 1 rank, and survives
+losing a rank: real vLLM (weight sync into the session's server), real gRPC, real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from trainer_helpers import Producer, rollout_samples
+from vllm_server import free_port
+
+from services.trainer.audit import verify
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+STEPS, BATCH = 3, 8
+
+
+def _config(tmp: Path, model_dir, url: str, nproc: int, **over) -> tuple[Path, int]:
+    port = free_port()
+    cfg = {"model": str(model_dir), "vllm_server_base_url": url, "output_dir": str(tmp / "out"),
+           "max_steps": STEPS, "per_device_train_batch_size": BATCH // nproc, "token_budget": 0,
+           "learning_rate": 1e-2, "max_staleness": 4, "save_strategy": "steps", "save_steps": 1000,
+           "seed": 0, "log_format": "text", "vllm_server_timeout": 120, "run_id": "ranks-test",
+           "vllm_importance_sampling_correction": False,
+           "trainer": {"port": port, "metrics_port": None, "idle_flush_s": 5.0, "num_processes": nproc,
+                       "exit_when_done": True, "collective_timeout_s": 30}, **over}
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / "trainer.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, port
+
+
+def _start(path: Path, nproc: int, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "-m", "services.cli", "trainer", "--config", str(path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    return subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+async def _feed(port: int, samples, deadline_s: float = 300) -> Producer:
+    """Connect once the trainer serves, and queue the samples (sent while the loop runs),
+    tagged with the trainer's first version (runs sharing one vLLM start above its label)."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            producer = Producer(port, prompts_per_epoch=100)
+            await producer.wait_for(lambda p=producer: p.first is not None, timeout=10)
+            break
+        except Exception:  # noqa: BLE001 - the trainer is still loading / syncing
+            assert time.monotonic() - t0 < deadline_s, "trainer never served"
+            await asyncio.sleep(2)
+    for s in samples:
+        if s.policy_version == 0:
+            s.policy_version = producer.first.policy_version
+    await producer.send(samples)
+    return producer
+
+
+def _losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(ckpt: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(ckpt / "model.safetensors"))
+
+
+async def _until_exit(proc: subprocess.Popen, timeout_s: float) -> None:
+    """Keep the event loop (and the producer's stream) running until the process exits."""
+    t0 = time.monotonic()
+    while proc.poll() is None:
+        assert time.monotonic() - t0 < timeout_s, "the trainer did not exit"
+        await asyncio.sleep(0.2)
+
+
+def _run(tmp: Path, model_dir, url: str, nproc: int):
+    path, port = _config(tmp, model_dir, url, nproc)
+    proc = _start(path, nproc, tmp / "trainer.log")
+    samples = rollout_samples(STEPS * BATCH // 4, 4, version=0, seed=5)
+
+    async def train():
+        producer = await _feed(port, samples)
+        await _until_exit(proc, 300)
+        await producer.close()
+    try:
+        asyncio.run(train())
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, (tmp / "trainer.log").read_text()[-4000:]
+    return _losses(tmp / "out"), _weights(tmp / "out" / f"checkpoint-{STEPS}")
+
+
+def test_two_ranks_train_like_one(shared_vllm, tiny_model_dir, tmp_path):
+    one_loss, one_w = _run(tmp_path / "one", tiny_model_dir, shared_vllm.base_url, 1)
+    two_loss, two_w = _run(tmp_path / "two", tiny_model_dir, shared_vllm.base_url, 2)
+    assert len(one_loss) == len(two_loss) == STEPS
+    for a, b in zip(one_loss, two_loss):
+        assert b == pytest.approx(a, rel=1e-3, abs=1e-6)  # float32 sums in another order
+    # Weights: the two runs differ by far less than training moved them (Adam turns float32
+    # noise in near-zero gradients, e.g. a key bias's, into steps of up to lr: so no rel. bound).
+    start = _weights(tiny_model_dir)
+    assert one_w.keys() == two_w.keys()
+    apart = sum(float((two_w[n] - t).norm() ** 2) for n, t in one_w.items()) ** 0.5
+    moved = sum(float((t - start[n]).norm() ** 2) for n, t in one_w.items()) ** 0.5
+    assert apart <= 1e-2 * moved, (apart, moved)
+    shards = tmp_path / "two" / "out" / f"checkpoint-{STEPS}" / "shards"
+    assert shards.is_dir() and any(shards.iterdir())  # torch.distributed.checkpoint shards
+
+
+def _rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of `rank`: a child of torchrun (each worker in a session of its own)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (OSError, ProcessLookupError, IndexError):
+            continue
+        if ppid == launcher and f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+def test_losing_a_rank_stops_the_trainer_and_a_restart_resumes(shared_vllm, tiny_model_dir, tmp_path):
+    path, port = _config(tmp_path, tiny_model_dir, shared_vllm.base_url, 2, max_steps=6, save_steps=1)
+    samples = rollout_samples(6 * BATCH // 4, 4, version=0, seed=6)
+    proc = _start(path, 2, tmp_path / "first.log")
+    kill_to_exit = None
+
+    async def first_run():
+        nonlocal kill_to_exit
+        producer = await _feed(port, samples[:BATCH * 2])  # two steps' worth, then a kill
+        t0 = time.monotonic()
+        while not (tmp_path / "out" / "checkpoint-1").exists():
+            assert time.monotonic() - t0 < 300, (tmp_path / "first.log").read_text()[-3000:]
+            await asyncio.sleep(0.5)
+        victim = _rank_pid(proc.pid, 1)
+        assert victim, "rank 1 not found"
+        os.kill(victim, signal.SIGKILL)
+        t_kill = time.monotonic()
+        await _until_exit(proc, 120)
+        kill_to_exit = time.monotonic() - t_kill
+        await producer.close()
+    try:
+        asyncio.run(first_run())
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert kill_to_exit < 60 and proc.returncode != 0, (kill_to_exit, proc.returncode)
+    again = _start(path, 2, tmp_path / "again.log")  # same run_id: resumes its latest checkpoint
+
+    async def rest():
+        producer = await _feed(port, samples)  # re-sent: the trained ones come back DUPLICATE
+        await _until_exit(again, 300)
+        await producer.close()
+    try:
+        asyncio.run(rest())
+    finally:
+        if again.poll() is None:
+            os.killpg(again.pid, signal.SIGKILL)
+    assert again.returncode == 0, (tmp_path / "again.log").read_text()[-4000:]
+    assert "restart of run" in (tmp_path / "again.log").read_text()
+    verdict = verify(tmp_path / "out" / "trained_samples.jsonl", max_staleness=4)
+    assert verdict.ok and verdict.steps == 6, verdict.line()

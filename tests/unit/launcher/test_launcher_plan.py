@@ -1,0 +1,96 @@
+"""The launcher's decisions before anything starts: trainer GPUs, command lines, restarts."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.common.config import AgrpoConfig
+from services.common.preflight import StartupError
+from services.launcher.gpus import trainer_devices
+from services.launcher.processes import agrpo_argv
+from services.launcher.supervisor import RestartPolicy, Supervised
+
+
+def _cfg(ranks: int = 1, **launcher) -> AgrpoConfig:
+    return AgrpoConfig(trainer={"num_processes": ranks}, launcher=launcher)
+
+
+@pytest.mark.parametrize(("count", "ranks", "launcher", "expected"), [
+    (1, 1, {}, "0"),                                # one GPU: the trainer shares vLLM's
+    (2, 1, {}, "1"),                                # the first GPU vLLM does not use
+    (8, 4, {}, "1,2,3,4"),                          # one per rank
+    (4, 2, {"vllm_gpu": "3"}, "0,1"),
+    (4, 2, {"trainer_gpus": "2,3,1"}, "2,3"),       # the first num_processes given
+])
+def test_trainer_devices(count, ranks, launcher, expected):
+    assert trainer_devices(_cfg(ranks, **launcher), count) == expected
+
+
+@pytest.mark.parametrize(("count", "ranks", "launcher", "says"), [
+    (1, 1, {"trainer_gpus": "1"}, "launcher.trainer_gpus='1': this machine has 1 GPU(s)"),
+    (2, 1, {"vllm_gpu": "2"}, "launcher.vllm_gpu='2'"),
+    (2, 1, {"trainer_gpus": "one"}, "launcher.trainer_gpus='one': a comma-separated list of GPU indices"),
+    (2, 2, {}, "trainer.num_processes=2: one GPU per rank, and launcher.trainer_gpus gives 1 (1)"),
+])
+def test_trainer_devices_refuses_with_one_line(count, ranks, launcher, says):
+    with pytest.raises(StartupError, match="^" + re.escape(says)):
+        trainer_devices(_cfg(ranks, **launcher), count)
+
+
+def test_trainer_ranks_run_under_torchrun_pinned_where_asked():
+    one = agrpo_argv("trainer", Path("job.yaml"), "--max_steps", "3")
+    assert one == [sys.executable, "-m", "services.cli", "trainer", "--config", "job.yaml", "--max_steps", "3"]
+    two = agrpo_argv("trainer", Path("job.yaml"), cpus="1", ranks=2)
+    assert two[:3] == ["taskset", "-c", "1"]
+    assert two[3:9] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    assert two[9:] == one[1:6]
+
+
+class _Process:
+    """A stand-in service process: exits with the next code of `codes` after each start."""
+
+    name = "trainer"
+
+    def __init__(self, codes: list[int]) -> None:
+        self.codes, self.starts, self.proc = codes, 0, type("P", (), {"returncode": None})()
+
+    def start(self) -> None:
+        self.proc.returncode = self.codes[self.starts]
+        self.starts += 1
+
+    def alive(self) -> bool:
+        return False
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "trainer.model: cannot load" if lines == 1 else "last lines"
+
+
+def test_restarts_back_off_then_give_up_with_the_last_lines():
+    now = [0.0]
+    said: list[str] = []
+    svc = Supervised(_Process([1, 1, 1]), RestartPolicy(max_restarts=2, backoff_s=2), say=said.append,
+                     clock=lambda: now[0])
+    svc.start()
+    assert svc.check() is None and svc.restart_at == 2.0  # first crash: 2 s
+    now[0] = 2.0
+    assert svc.check() is None and svc.process.starts == 2
+    assert svc.check() is None and svc.restart_at == 6.0  # second: 4 s
+    now[0] = 6.0
+    svc.check()
+    message = svc.check()
+    assert message.startswith("trainer exited with code 1 3 times within 600 s") and "last lines" in message
+    assert len(said) == 2 and "restarting in 2 s" in said[0] and "restarting in 4 s" in said[1]
+
+
+def test_exit_0_is_done_and_exit_2_ends_the_job_with_its_line():
+    done = Supervised(_Process([0]))
+    done.start()
+    assert done.check() is None and done.done
+    fatal = Supervised(_Process([2]))
+    fatal.start()
+    with pytest.raises(StartupError, match="^trainer.model: cannot load$"):
+        fatal.check()
