@@ -102,9 +102,7 @@ class Job:
         return trainer_devices(self.cfg, count)
 
     def _argv(self, name: str) -> list[str]:
-        ranks = self.cfg.trainer.num_processes if name == "trainer" else 1
-        return agrpo_argv(name, self.opts.config_path, *self.opts.extra_flags, cpus=self.opts.cpus.get(name),
-                          ranks=ranks)
+        return agrpo_argv(name, self.opts.config_path, *self.opts.extra_flags, cpus=self.opts.cpus.get(name))
 
     def _env(self, name: str) -> dict[str, str]:
         env = {"AGRPO_RUN_ID": self.run_id, **self.opts.env.get(name, {})}

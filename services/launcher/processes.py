@@ -107,9 +107,8 @@ def status_numbers(trainer, rollout) -> dict:
     return out
 
 
-def agrpo_argv(service: str, config_path: Path, *flags: str, cpus: str | None = None, ranks: int = 1) -> list[str]:
-    """The command line of one service, run by this interpreter (on `cpus` only, by taskset);
-    `ranks` > 1: that many processes under torchrun (the trainer's ranks)."""
+def agrpo_argv(service: str, config_path: Path, *flags: str, cpus: str | None = None) -> list[str]:
+    """The command line of one service, run by this interpreter (on `cpus` only, by taskset).
+    A trainer with trainer.num_processes > 1 starts its ranks itself (ranks.run_ranks)."""
     pin = ["taskset", "-c", cpus] if cpus else []
-    run = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)] if ranks > 1 else []
-    return [*pin, sys.executable, *run, "-m", "services.cli", service, "--config", str(config_path), *flags]
+    return [*pin, sys.executable, "-m", "services.cli", service, "--config", str(config_path), *flags]

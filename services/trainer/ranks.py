@@ -53,6 +53,18 @@ def world_from_env() -> World:
                  int(os.environ.get("LOCAL_RANK", 0)))
 
 
+def run_ranks(n: int) -> None:
+    """`agrpo trainer` with trainer.num_processes > 1 outside torchrun: become torchrun
+    (--standalone, one node, n ranks) running this same command. Same pid, so the signals
+    of agrpo run, compose or Kubernetes reach torchrun, which passes them to the ranks."""
+    import sys
+
+    log.info("starting %d trainer ranks under torchrun", n)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
+            "-m", "services.cli", *sys.argv[1:]]
+    os.execv(sys.executable, argv)
+
+
 def init(world: World, timeout_s: float, use_cuda: bool, fsdp: bool = False) -> None:
     """Join the process group (NCCL on GPUs, gloo on CPU), every collective timed out. One
     rank needs a group only to shard (trainer.fsdp): then it is a group of one."""
@@ -106,17 +118,35 @@ class Commands:
             self.store.delete_key(f"agrpo/cmd/{self.sent - 1}")
         self.sent += 1
 
-    def take(self, give_up) -> tuple | None:
+    def take(self, rank: int, give_up) -> tuple | None:
         """The next command; polls (1 ms, backing off to 50 ms) with no timeout of its own:
-        `give_up()` says when to stop waiting (None then)."""
+        `give_up()` says when to stop waiting (None then). Records which one this rank is in."""
         key, pause = f"agrpo/cmd/{self.taken}", 0.001
         while not self.store.check([key]):
             if give_up():
                 return None
             time.sleep(pause)
             pause = min(pause * 1.5, 0.05)
+        command = pickle.loads(self.store.get(key))
+        self.store.set(f"agrpo/at/{rank}", str(self.taken))
         self.taken += 1
-        return pickle.loads(self.store.get(key))
+        return command
+
+    def behind(self, world_size: int) -> list[int]:
+        """Ranks that never started the last command posted (gone, or stuck before it)."""
+        late = []
+        for rank in range(1, world_size):
+            try:
+                at = int(self.store.get(f"agrpo/at/{rank}")) if self.store.check([f"agrpo/at/{rank}"]) else -1
+            except RuntimeError:
+                at = -1
+            if at < self.sent - 1:
+                late.append(rank)
+        return late
+
+
+class RanksFailed(RuntimeError):
+    """A command the ranks run together failed: names the command and the ranks behind."""
 
 
 class RankGroup:
@@ -132,21 +162,33 @@ class RankGroup:
             self._commands = self._commands or Commands()
             self._commands.post(command)
 
+    def _together(self, name: str, run, *args):
+        """Post command `name`, run rank 0's part; a failure (a rank died, a collective timed
+        out) becomes one RanksFailed line naming the command and the ranks behind it."""
+        self._send(name, *args)
+        t0 = time.monotonic()
+        try:
+            return run()
+        except Exception as exc:  # noqa: BLE001 - gloo/NCCL raise RuntimeError and friends
+            if self.world.size == 1:
+                raise
+            behind = self._commands.behind(self.world.size)
+            raise RanksFailed(f"trainer ranks: {name!r} failed after {time.monotonic() - t0:.1f} s "
+                              f"(ranks behind: {behind or 'none'}): {str(exc).splitlines()[0][:300]}") from exc
+
     def build(self, cfg, model_path: str, shards: str | None):
         """Every rank loads the model and shards it; returns rank 0's (engine, tokenizer, device)."""
-        self._send("build", model_path, shards)
-        built = build(cfg, model_path, shards, self.world)
+        built = self._together("build", lambda: build(cfg, model_path, shards, self.world), model_path, shards)
         self.engine = built[0]
         return built
 
     def train_step(self, batches, staleness: dict[int, int] | None) -> dict:
-        self._send("step", batches, staleness)
-        return self.engine.train_step(batches, staleness.get if staleness is not None else None)
+        lookup = staleness.get if staleness is not None else None
+        return self._together("step", lambda: self.engine.train_step(batches, lookup), batches, staleness)
 
     def weights(self, dtype):
         """The full (HF-named) weights on rank 0, gathered unit by unit on every rank."""
-        self._send("weights", dtype)
-        return gather_weights(self.engine, dtype)
+        return self._together("weights", lambda: gather_weights(self.engine, dtype), dtype)
 
     @property
     def sharded(self) -> bool:
@@ -154,8 +196,7 @@ class RankGroup:
 
     def save_shards(self, shards_dir) -> list | None:
         """Every rank writes its DCP shards into `shards_dir`; the full weights on rank 0."""
-        self._send("save", str(shards_dir))
-        return save_shards(self.engine, str(shards_dir))
+        return self._together("save", lambda: save_shards(self.engine, str(shards_dir)), str(shards_dir))
 
     def stop(self) -> None:
         self._send("stop")
@@ -229,7 +270,7 @@ def follow(cfg, world: World) -> int:
 
     commands, engine = Commands(), None
     while True:
-        command = commands.take(give_up)
+        command = commands.take(world.rank, give_up)
         if command is None:
             log.warning("rank %d: stopped, and rank 0 is silent: exiting", world.rank)
             return 1

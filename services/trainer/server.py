@@ -11,6 +11,7 @@ TrainerApp: state, loop, metrics).
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 from agrpo.v1 import common_pb2
@@ -144,6 +145,8 @@ def preflight(cfg: AgrpoConfig) -> None:
 def main(cfg: AgrpoConfig) -> int:
     """CLI entry point; under torchrun, rank 0 serves and the other ranks follow it."""
     setup_logging("trainer", cfg.log_format, cfg.log_level)
+    if cfg.trainer.num_processes > 1 and "WORLD_SIZE" not in os.environ:
+        ranks.run_ranks(cfg.trainer.num_processes)  # does not return
     world = ranks.world_from_env()
     if world.size > 1 or cfg.trainer.fsdp:
         import torch

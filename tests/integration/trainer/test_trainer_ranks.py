@@ -38,9 +38,9 @@ def _config(tmp: Path, model_dir, url: str, nproc: int, **over) -> tuple[Path, i
     return path, port
 
 
-def _start(path: Path, nproc: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "services.cli", "trainer", "--config", str(path)]
+def _start(path: Path, log: Path) -> subprocess.Popen:
+    """`agrpo trainer` as a user starts it: with trainer.num_processes > 1 it becomes torchrun."""
+    cmd = [sys.executable, "-m", "services.cli", "trainer", "--config", str(path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     return subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -84,7 +84,7 @@ async def _until_exit(proc: subprocess.Popen, timeout_s: float) -> None:
 
 def _run(tmp: Path, model_dir, url: str, nproc: int):
     path, port = _config(tmp, model_dir, url, nproc)
-    proc = _start(path, nproc, tmp / "trainer.log")
+    proc = _start(path, tmp / "trainer.log")
     samples = rollout_samples(STEPS * BATCH // 4, 4, version=0, seed=5)
 
     async def train():
@@ -133,7 +133,7 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
 def test_losing_a_rank_stops_the_trainer_and_a_restart_resumes(shared_vllm, tiny_model_dir, tmp_path):
     path, port = _config(tmp_path, tiny_model_dir, shared_vllm.base_url, 2, max_steps=6, save_steps=1)
     samples = rollout_samples(6 * BATCH // 4, 4, version=0, seed=6)
-    proc = _start(path, 2, tmp_path / "first.log")
+    proc = _start(path, tmp_path / "first.log")
     kill_to_exit = None
 
     async def first_run():
@@ -156,7 +156,8 @@ def test_losing_a_rank_stops_the_trainer_and_a_restart_resumes(shared_vllm, tiny
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert kill_to_exit < 60 and proc.returncode != 0, (kill_to_exit, proc.returncode)
-    again = _start(path, 2, tmp_path / "again.log")  # same run_id: resumes its latest checkpoint
+    assert "ranks behind: [1]" in (tmp_path / "first.log").read_text()  # rank 0 names the lost rank
+    again = _start(path, tmp_path / "again.log")  # same run_id: resumes its latest checkpoint
 
     async def rest():
         producer = await _feed(port, samples)  # re-sent: the trained ones come back DUPLICATE
