@@ -1,8 +1,8 @@
 """Which GPUs a job's vLLM server and trainer ranks get, decided before anything starts.
 
 No CUDA import: the count comes from `nvidia-smi -L`. The trainer's devices default to the
-GPUs vLLM does not use (the first trainer.num_processes of them), or vLLM's own GPU on a
-one-GPU machine (they share it: vLLM takes launcher.gpu_memory_utilization of it).
+GPUs vLLM does not use (the first trainer.num_processes of them; all for 0), or vLLM's own
+GPU on a one-GPU machine (they share it: vLLM takes launcher.gpu_memory_utilization of it).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def trainer_devices(cfg, count: int) -> str:
         ids = _indices("launcher.trainer_gpus", launch.trainer_gpus, count)
     else:
         ids = [i for i in range(count) if i not in vllm] or vllm
+    ranks = ranks or len(ids)  # 0: one rank per GPU it gets
     if len(ids) < ranks:
         raise StartupError(f"trainer.num_processes={ranks}: one GPU per rank, and launcher.trainer_gpus "
                            f"gives {len(ids)} ({','.join(map(str, ids))}) of this machine's {count}")

@@ -53,14 +53,26 @@ def world_from_env() -> World:
                  int(os.environ.get("LOCAL_RANK", 0)))
 
 
+def ranks_on_this_node(num_processes: int) -> int:
+    """trainer.num_processes, where 0 means one rank per visible GPU (1 without GPUs)."""
+    if num_processes:
+        return num_processes
+    import torch
+
+    return max(torch.cuda.device_count(), 1)
+
+
 def run_ranks(n: int) -> None:
-    """`agrpo trainer` with trainer.num_processes > 1 outside torchrun: become torchrun
-    (--standalone, one node, n ranks) running this same command. Same pid, so the signals
-    of agrpo run, compose or Kubernetes reach torchrun, which passes them to the ranks."""
+    """`agrpo trainer` with more than one rank outside torchrun: become torchrun running this
+    same command, n ranks per node. Same pid, so the signals of agrpo run, compose or
+    Kubernetes reach torchrun, which passes them to the ranks. One node: --standalone; more
+    (PET_NNODES): torchrun takes the node rank and rank 0's address from its PET_* variables."""
     import sys
 
-    log.info("starting %d trainer ranks under torchrun", n)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
+    nodes = int(os.environ.get("PET_NNODES", "1") or 1)
+    log.info("starting %d trainer ranks under torchrun (node %s of %d)", n, os.environ.get("PET_NODE_RANK", 0), nodes)
+    where = [] if nodes > 1 else ["--standalone"]
+    argv = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc_per_node", str(n),
             "-m", "services.cli", *sys.argv[1:]]
     os.execv(sys.executable, argv)
 

@@ -145,8 +145,10 @@ def preflight(cfg: AgrpoConfig) -> None:
 def main(cfg: AgrpoConfig) -> int:
     """CLI entry point; under torchrun, rank 0 serves and the other ranks follow it."""
     setup_logging("trainer", cfg.log_format, cfg.log_level)
-    if cfg.trainer.num_processes > 1 and "WORLD_SIZE" not in os.environ:
-        ranks.run_ranks(cfg.trainer.num_processes)  # does not return
+    if "WORLD_SIZE" not in os.environ:
+        per_node = ranks.ranks_on_this_node(cfg.trainer.num_processes)
+        if per_node > 1 or int(os.environ.get("PET_NNODES", "1") or 1) > 1:
+            ranks.run_ranks(per_node)  # does not return
     world = ranks.world_from_env()
     if world.size > 1 or cfg.trainer.fsdp:
         import torch

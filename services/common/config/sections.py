@@ -183,10 +183,12 @@ class TrainerSection(ServiceSection):
     reward_failure_patience: int = Field(3, ge=0)
     """Stop the run (one line naming the reward function and its last error) after this many
     consecutive steps where most samples got no usable reward; 0: train on regardless."""
-    num_processes: int = Field(1, ge=1)
-    """Trainer ranks (one per GPU; gloo processes on CPU): `agrpo run` starts them with torchrun.
-    Rank 0 serves gRPC and plans each micro-batch over num_processes rows; every rank trains
-    its rows under FSDP2 (services/trainer/ranks.py)."""
+    num_processes: int = Field(1, ge=0)
+    """Trainer ranks on this node (one per GPU; gloo processes on CPU); 0: one per visible GPU.
+    `agrpo trainer` starts them under torchrun itself (several nodes: torchrun's PET_NNODES,
+    PET_NODE_RANK, PET_MASTER_ADDR; docs/multi-gpu.md). Rank 0 serves gRPC and plans each
+    micro-batch over all ranks' rows; every rank trains its rows under FSDP2
+    (services/trainer/ranks.py). Under a torchrun of your own, WORLD_SIZE decides."""
     fsdp: bool = False
     """Shard with FSDP2 even on one rank (the multi-rank code path on one GPU)."""
     collective_timeout_s: float = Field(300.0, gt=0)

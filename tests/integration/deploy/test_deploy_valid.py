@@ -46,7 +46,7 @@ def test_deploy_tree_is_valid(real_run):
     passed = {line.split("] ok    ", 1)[1] for line in out.splitlines() if "] ok    " in line}
     strict = " (kustomize + kubernetes-validate --strict)"
     assert passed >= {"compose docker-compose", "compose docker-compose.cpu", "k8s gpu" + strict,
-                      "k8s cpu-dev" + strict, "promtool prometheus.yml", "promtool prometheus-k8s.yml",
+                      "k8s cpu-dev" + strict, "k8s gpu-multinode" + strict, "promtool prometheus.yml", "promtool prometheus-k8s.yml",
                       "dockerfiles", "configs of every container", "docs/metrics.md + dashboard"}, out
 
 

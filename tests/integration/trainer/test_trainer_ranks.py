@@ -23,10 +23,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 STEPS, BATCH = 3, 8
 
 
-def _config(tmp: Path, model_dir, url: str, nproc: int, **over) -> tuple[Path, int]:
+def _config(tmp: Path, model_dir, url: str, nproc: int, nodes: int = 1, **over) -> tuple[Path, int]:
     port = free_port()
     cfg = {"model": str(model_dir), "vllm_server_base_url": url, "output_dir": str(tmp / "out"),
-           "max_steps": STEPS, "per_device_train_batch_size": BATCH // nproc, "token_budget": 0,
+           "max_steps": STEPS, "per_device_train_batch_size": BATCH // (nproc * nodes), "token_budget": 0,
            "learning_rate": 1e-2, "max_staleness": 4, "save_strategy": "steps", "save_steps": 1000,
            "seed": 0, "log_format": "text", "vllm_server_timeout": 120, "run_id": "ranks-test",
            "vllm_importance_sampling_correction": False,
@@ -38,10 +38,10 @@ def _config(tmp: Path, model_dir, url: str, nproc: int, **over) -> tuple[Path, i
     return path, port
 
 
-def _start(path: Path, log: Path) -> subprocess.Popen:
+def _start(path: Path, log: Path, **env_over: str) -> subprocess.Popen:
     """`agrpo trainer` as a user starts it: with trainer.num_processes > 1 it becomes torchrun."""
     cmd = [sys.executable, "-m", "services.cli", "trainer", "--config", str(path)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3]), **env_over}
     return subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -82,39 +82,55 @@ async def _until_exit(proc: subprocess.Popen, timeout_s: float) -> None:
         await asyncio.sleep(0.2)
 
 
-def _run(tmp: Path, model_dir, url: str, nproc: int):
-    path, port = _config(tmp, model_dir, url, nproc)
-    proc = _start(path, tmp / "trainer.log")
+def _run(tmp: Path, model_dir, url: str, nproc: int, nodes: int = 1):
+    """STEPS steps on `nproc` ranks per node; nodes > 1: one `agrpo trainer` per node, as the
+    gpu-multinode overlay starts them (torchrun's PET_* variables, rank 0's address)."""
+    path, port = _config(tmp, model_dir, url, nproc, nodes)
+    if nodes == 1:
+        procs = [_start(path, tmp / "trainer.log")]
+    else:
+        pet = {"PET_NNODES": str(nodes), "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port())}
+        procs = [_start(path, tmp / ("trainer.log" if n == 0 else f"node{n}.log"), PET_NODE_RANK=str(n), **pet)
+                 for n in range(nodes)]
     samples = rollout_samples(STEPS * BATCH // 4, 4, version=0, seed=5)
 
     async def train():
         producer = await _feed(port, samples)
-        await _until_exit(proc, 300)
+        for proc in procs:
+            await _until_exit(proc, 300)
         await producer.close()
     try:
         asyncio.run(train())
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, (tmp / "trainer.log").read_text()[-4000:]
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert [p.returncode for p in procs] == [0] * nodes, (tmp / "trainer.log").read_text()[-4000:]
     return _losses(tmp / "out"), _weights(tmp / "out" / f"checkpoint-{STEPS}")
 
 
-def test_two_ranks_train_like_one(shared_vllm, tiny_model_dir, tmp_path):
-    one_loss, one_w = _run(tmp_path / "one", tiny_model_dir, shared_vllm.base_url, 1)
-    two_loss, two_w = _run(tmp_path / "two", tiny_model_dir, shared_vllm.base_url, 2)
+def _assert_same_training(one, other, model_dir) -> None:
+    (one_loss, one_w), (two_loss, two_w) = one, other
     assert len(one_loss) == len(two_loss) == STEPS
     for a, b in zip(one_loss, two_loss):
         assert b == pytest.approx(a, rel=1e-3, abs=1e-6)  # float32 sums in another order
     # Weights: the two runs differ by far less than training moved them (Adam turns float32
     # noise in near-zero gradients, e.g. a key bias's, into steps of up to lr: so no rel. bound).
-    start = _weights(tiny_model_dir)
+    start = _weights(model_dir)
     assert one_w.keys() == two_w.keys()
     apart = sum(float((two_w[n] - t).norm() ** 2) for n, t in one_w.items()) ** 0.5
     moved = sum(float((t - start[n]).norm() ** 2) for n, t in one_w.items()) ** 0.5
     assert apart <= 1e-2 * moved, (apart, moved)
+
+
+def test_two_ranks_train_like_one(shared_vllm, tiny_model_dir, tmp_path):
+    one = _run(tmp_path / "one", tiny_model_dir, shared_vllm.base_url, 1)
+    _assert_same_training(one, _run(tmp_path / "two", tiny_model_dir, shared_vllm.base_url, 2), tiny_model_dir)
     shards = tmp_path / "two" / "out" / f"checkpoint-{STEPS}" / "shards"
     assert shards.is_dir() and any(shards.iterdir())  # torch.distributed.checkpoint shards
+    # Two "nodes" of one rank each (two agrpo trainer processes meeting at rank 0's address).
+    nodes = _run(tmp_path / "nodes", tiny_model_dir, shared_vllm.base_url, 1, nodes=2)
+    _assert_same_training(one, nodes, tiny_model_dir)
 
 
 def _rank_pid(launcher: int, rank: int) -> int | None:

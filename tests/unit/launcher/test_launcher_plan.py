@@ -23,6 +23,7 @@ def _cfg(ranks: int = 1, **launcher) -> AgrpoConfig:
     (1, 1, {}, "0"),                                # one GPU: the trainer shares vLLM's
     (2, 1, {}, "1"),                                # the first GPU vLLM does not use
     (8, 4, {}, "1,2,3,4"),                          # one per rank
+    (8, 0, {}, "1,2,3,4,5,6,7"),                    # 0: one rank per GPU vLLM does not use
     (4, 2, {"vllm_gpu": "3"}, "0,1"),
     (4, 2, {"trainer_gpus": "2,3,1"}, "2,3"),       # the first num_processes given
 ])
