@@ -8,8 +8,8 @@ it must hold the sharded (DTensor) parameters.
 
 Each process trains its own rows of every micro-batch (`Engine.my_rows`); the loss
 scaling that makes this equal to single-process training is derived in
-`Engine.row_loss`. Only the training maths is here: the trainer service running
-multi-rank (rank 0 serving gRPC, the others following) is not.
+`Engine.row_loss`. Only the training maths is here; the service on N ranks (rank 0
+serving gRPC, the others following its commands) is services/trainer/ranks.py.
 """
 
 from __future__ import annotations
@@ -20,20 +20,24 @@ from .engine import Engine, RootForward, _decoder, _sharded
 from .weight_sync.transports import hf_name
 
 
-def shard_model(model: torch.nn.Module, mesh=None, mixed_precision: bool = False) -> RootForward:
+def shard_model(model: torch.nn.Module, mesh=None, mixed_precision: bool = False,
+                cpu_offload: bool = False) -> RootForward:
     """fully_shard each decoder layer, then the RootForward root; returns the root.
 
     mixed_precision: bf16 unsharded parameters (forward/backward) with fp32 gradient
     reduction, the usual CUDA setting; the sharded master weights stay in their dtype.
     mesh: a 1-D mesh over all ranks (None: the default group); the Engine splits rows
-    by the default group's rank and size.
+    by the default group's rank and size. cpu_offload: FSDP2's CPUOffloadPolicy (sharded
+    parameters, gradients and optimizer state in pinned CPU memory).
     """
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     root = model if isinstance(model, RootForward) else RootForward(model)
     kwargs = {} if mesh is None else {"mesh": mesh}
     if mixed_precision:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
     for layer in _decoder(root.lm).layers:
         fully_shard(layer, **kwargs)
     fully_shard(root, **kwargs)

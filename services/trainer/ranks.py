@@ -77,9 +77,14 @@ def run_ranks(n: int) -> None:
     os.execv(sys.executable, argv)
 
 
+def sharded(cfg) -> bool:
+    """Whether the engine runs under FSDP2 even on one rank (trainer.fsdp or cpu_offload)."""
+    return cfg.trainer.fsdp or cfg.trainer.cpu_offload
+
+
 def init(world: World, timeout_s: float, use_cuda: bool, fsdp: bool = False) -> None:
     """Join the process group (NCCL on GPUs, gloo on CPU), every collective timed out. One
-    rank needs a group only to shard (trainer.fsdp): then it is a group of one."""
+    rank needs a group only to shard (`sharded(cfg)`): then it is a group of one."""
     if world.size == 1 and not fsdp:
         return
     _die_with_launcher()
@@ -215,7 +220,7 @@ class RankGroup:
 
 
 def build(cfg, model_path: str, shards: str | None, world: World):
-    """The engine of one rank (FSDP2 from 2 ranks up, or with trainer.fsdp); a checkpoint's
+    """The engine of one rank (FSDP2 from 2 ranks up, or `sharded(cfg)`); a checkpoint's
     shards (model, optimizer; scheduler and RNG from its optimizer.pt) loaded if given.
     DCP reshards on load, so a checkpoint resumes at another world size too."""
     from pathlib import Path
@@ -223,14 +228,15 @@ def build(cfg, model_path: str, shards: str | None, world: World):
     from . import checkpoint
     from .setup import build_engine
 
-    if world.size == 1 and not cfg.trainer.fsdp:
+    if world.size == 1 and not sharded(cfg):
         built = build_engine(cfg, model_path)
     else:
         from .fsdp import shard_model
         from .model import pick_device
 
         mixed = pick_device(cfg).type == "cuda"
-        built = build_engine(cfg, model_path, shard=lambda m: shard_model(m, mixed_precision=mixed))
+        offload = cfg.trainer.cpu_offload
+        built = build_engine(cfg, model_path, shard=lambda m: shard_model(m, mixed_precision=mixed, cpu_offload=offload))
     if shards:
         load_shards(built[0], shards)
         checkpoint.restore_optimizer(Path(shards).parent, built[0].optimizer, built[0].scheduler)

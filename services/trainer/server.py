@@ -140,6 +140,12 @@ def preflight(cfg: AgrpoConfig) -> None:
         check_service_ports(cfg, "trainer")
     check_model(cfg)
     check_vllm_urls(cfg)
+    if cfg.trainer.cpu_offload:
+        import torch
+
+        if cfg.use_cpu or not torch.cuda.is_available():
+            raise StartupError("trainer.cpu_offload: offloads a GPU's training state to the CPU; "
+                               "this trainer has no GPU (turn it off on CPU)")
 
 
 def main(cfg: AgrpoConfig) -> int:
@@ -150,11 +156,11 @@ def main(cfg: AgrpoConfig) -> int:
         if per_node > 1 or int(os.environ.get("PET_NNODES", "1") or 1) > 1:
             ranks.run_ranks(per_node)  # does not return
     world = ranks.world_from_env()
-    if world.size > 1 or cfg.trainer.fsdp:
+    if world.size > 1 or ranks.sharded(cfg):
         import torch
 
         ranks.init(world, cfg.trainer.collective_timeout_s, torch.cuda.is_available() and not cfg.use_cpu,
-                   cfg.trainer.fsdp)
+                   ranks.sharded(cfg))
     if not world.leader:
         return ranks.follow(cfg, world)
     Path(cfg.resolved_output_dir).mkdir(parents=True, exist_ok=True)

@@ -191,6 +191,10 @@ class TrainerSection(ServiceSection):
     (services/trainer/ranks.py). Under a torchrun of your own, WORLD_SIZE decides."""
     fsdp: bool = False
     """Shard with FSDP2 even on one rank (the multi-rank code path on one GPU)."""
+    cpu_offload: bool = False
+    """FSDP2's CPU offload (implies the FSDP2 path): sharded parameters, gradients and AdamW
+    state live in pinned CPU memory and the optimizer steps on CPU; the GPU holds activations
+    and one layer's gathered weights. Slower steps for a model several times larger."""
     collective_timeout_s: float = Field(300.0, gt=0)
     """Timeout of every collective between trainer ranks: a hung rank becomes an error."""
     exit_when_done: bool = False

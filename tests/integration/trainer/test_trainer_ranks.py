@@ -146,7 +146,7 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
     return None
 
 
-def test_losing_a_rank_stops_the_trainer_and_a_restart_resumes(shared_vllm, tiny_model_dir, tmp_path):
+def test_losing_a_rank_stops_the_trainer_a_restart_resumes_and_one_rank_continues(shared_vllm, tiny_model_dir, tmp_path):
     path, port = _config(tmp_path, tiny_model_dir, shared_vllm.base_url, 2, max_steps=6, save_steps=1)
     samples = rollout_samples(6 * BATCH // 4, 4, version=0, seed=6)
     proc = _start(path, tmp_path / "first.log")
@@ -188,3 +188,20 @@ def test_losing_a_rank_stops_the_trainer_and_a_restart_resumes(shared_vllm, tiny
     assert "restart of run" in (tmp_path / "again.log").read_text()
     verdict = verify(tmp_path / "out" / "trained_samples.jsonl", max_staleness=4)
     assert verdict.ok and verdict.steps == 6, verdict.line()
+    # The 2-rank run's checkpoint resumes on one rank (DCP reshards on load): two more steps.
+    path, port = _config(tmp_path, tiny_model_dir, shared_vllm.base_url, 1, max_steps=8, save_steps=1)
+    one = _start(path, tmp_path / "one.log")
+
+    async def on_one_rank():
+        producer = await _feed(port, rollout_samples(2 * BATCH // 4, 4, version=0, seed=7, start_index=100,
+                                                     prefix="t"))
+        await _until_exit(one, 300)
+        await producer.close()
+    try:
+        asyncio.run(on_one_rank())
+    finally:
+        if one.poll() is None:
+            os.killpg(one.pid, signal.SIGKILL)
+    assert one.returncode == 0, (tmp_path / "one.log").read_text()[-4000:]
+    verdict = verify(tmp_path / "out" / "trained_samples.jsonl", max_staleness=4)
+    assert verdict.ok and verdict.steps == 8, verdict.line()
