@@ -1,8 +1,9 @@
 """Run the whole system on localhost: vLLM, reward, trainer and rollout as processes.
 
-Each process gets OMP_NUM_THREADS=1 (2-core machines). The services run as an `agrpo run`
-job (services/launcher): supervised, a line per step; when the trainer finishes,
-everything is stopped (also on Ctrl-C or a failure), a plot and a summary are written.
+Each process gets OMP_NUM_THREADS=1 (2-core machines), but the SmolLM2 trainer gets 2.
+The services run as an `agrpo run` job (services/launcher): supervised, a line per step;
+when the trainer finishes, everything is stopped (also on Ctrl-C or a failure), a plot and
+a summary are written.
 With `gpu` set, vLLM and the trainer each get a GPU and weights travel over NCCL
 (services/demo/gpu.py).
 """
