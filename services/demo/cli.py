@@ -50,10 +50,10 @@ def parse(argv: list[str]):
 
     p = argparse.ArgumentParser(prog="agrpo demo", description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
-                   help="tiny: random 0.5M model, digit-share reward; smollm2: SmolLM2-135M, accuracy")
+                   help="tiny: random 0.5M model, digit-share reward; smollm2: SmolLM2-135M, one-digit sums")
     p.add_argument("--model-path", type=Path, default=None,
                    help="any HF model folder (tokenizer with a chat template) instead; --model picks the task")
-    p.add_argument("--steps", type=int, default=80, help="optimizer steps (default 80)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default 80; smollm2: 20)")
     p.add_argument("--epochs", type=float, default=None, help="train this many epochs instead of --steps")
     p.add_argument("--num-prompts", type=int, default=64, help="arithmetic prompts in the dataset")
     p.add_argument("--learning-rate", type=float, default=None)
@@ -79,7 +79,8 @@ def parse(argv: list[str]):
         gpu, overrides = _gpu_options(a), parse_sets(a.set)
     except ValueError as exc:
         p.error(str(exc))
-    return DemoOptions(model=a.model, steps=a.steps, num_prompts=a.num_prompts, epochs=a.epochs,
+    steps = a.steps or (20 if a.model == "smollm2" else 80)
+    return DemoOptions(model=a.model, steps=steps, num_prompts=a.num_prompts, epochs=a.epochs,
                        out=a.out.resolve(), cache=a.cache.resolve(), learning_rate=a.learning_rate,
                        timeout_s=a.timeout, max_staleness=a.max_staleness, model_path=a.model_path, gpu=gpu,
                        overrides=overrides)

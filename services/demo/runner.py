@@ -1,8 +1,9 @@
 """Run the whole system on localhost: vLLM, reward, trainer and rollout as processes.
 
-Each process gets OMP_NUM_THREADS=1 (2-core machines). The services run as an `agrpo run`
-job (services/launcher): supervised, a line per step; when the trainer finishes,
-everything is stopped (also on Ctrl-C or a failure), a plot and a summary are written.
+Each process gets OMP_NUM_THREADS=1 (2-core machines), but the SmolLM2 trainer gets 2.
+The services run as an `agrpo run` job (services/launcher): supervised, a line per step;
+when the trainer finishes, everything is stopped (also on Ctrl-C or a failure), a plot and
+a summary are written.
 With `gpu` set, vLLM and the trainer each get a GPU and weights travel over NCCL
 (services/demo/gpu.py).
 """
@@ -55,10 +56,27 @@ class DemoOptions:
 
 def _task_settings(opts: DemoOptions) -> dict:
     if opts.model == "smollm2":
-        return {"reward_funcs": [{"name": "accuracy"}], "max_completion_length": 48,
-                "learning_rate": opts.learning_rate or 1e-5, "temperature": 0.9}
+        return {"reward_funcs": [{"name": "services.demo.task:final_answer"}],
+                "max_completion_length": 32, "learning_rate": opts.learning_rate or 2e-5, "temperature": 1.0}
     return {"reward_funcs": [{"name": "services.demo.task:digit_share"}], "max_completion_length": 24,
             "learning_rate": opts.learning_rate or 3e-3, "temperature": 1.0}
+
+
+def _write_prompts(opts: DemoOptions) -> Path:
+    """SmolLM2 gets one-digit sums that ask for a box (services/demo/task.py says why)."""
+    path = opts.out / "prompts.jsonl"
+    if opts.model == "smollm2":
+        return write_arithmetic_dataset(path, opts.num_prompts, instruction=" Put the final answer in \\boxed{}.",
+                                        max_operand=9)
+    return write_arithmetic_dataset(path, opts.num_prompts)
+
+
+def _service_env(opts: DemoOptions, service: str) -> dict[str, str]:
+    env = gpu_mode.service_env(service, opts.gpu)
+    # SmolLM2's trainer is the bottleneck on a CPU (vLLM idles most of the run): two threads.
+    if opts.gpu is None and opts.model == "smollm2" and service == "trainer":
+        env["OMP_NUM_THREADS"] = "2"
+    return env
 
 
 def _merge(base: dict, extra: dict) -> None:
@@ -125,9 +143,7 @@ def run(opts: DemoOptions) -> dict:
     # final checkpoint (and stop at once, its max_steps already reached).
     shutil.rmtree(opts.out / "trainer_output", ignore_errors=True)
     model_dir = _model_dir(opts)
-    # math-verify (the accuracy reward) reads a \boxed{} answer first.
-    instruction = " Put the final answer in \\boxed{}." if opts.model == "smollm2" else ""
-    data = write_arithmetic_dataset(opts.out / "prompts.jsonl", opts.num_prompts, instruction=instruction)
+    data = _write_prompts(opts)
     info = {"mode": "gpu" if opts.gpu else "cpu", "model": str(model_dir)}
     cfg = job = follower = vllm = None
     t0 = time.monotonic()
@@ -138,7 +154,7 @@ def run(opts: DemoOptions) -> dict:
         config = write_config(opts, model_dir, data, vllm.base_url)
         cfg = load_config(["--config", str(config)], {k: v for k, v in os.environ.items() if k != "AGRPO_CONFIG"})
         info["weight_transport"], info["weight_load"] = cfg.trainer.weight_transport, cfg.trainer.weight_load
-        env = {svc: gpu_mode.service_env(svc, opts.gpu) for svc in ("reward", "trainer", "rollout")}
+        env = {svc: _service_env(opts, svc) for svc in ("reward", "trainer", "rollout")}
         job = Job(cfg, JobOptions(config, cpus=opts.cpus, env=env, timeout_s=opts.timeout_s))
         job.start()
         follower = StepFollower(opts.out / "metrics.jsonl", None if opts.epochs else opts.steps)

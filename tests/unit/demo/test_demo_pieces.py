@@ -1,16 +1,24 @@
-"""The demo's pure pieces: its reward (called as TRL calls one), summary and step lines."""
+"""The demo's pure pieces: its rewards (called as TRL calls one), summary and step lines."""
 
 import json
 import math
 
 from services.demo import report
-from services.demo.task import digit_share, write_arithmetic_dataset
+from services.demo.task import digit_share, final_answer, write_arithmetic_dataset
 
 
 def test_digit_share_on_text_and_messages():
     assert digit_share(["12 34", "ab", "", "a1"]) == [1.0, 0.0, 0.0, 0.5]
     msgs = [[{"role": "assistant", "content": "42!"}]]
     assert digit_share(msgs, prompts=["p"], solution=["42"]) == [2 / 3]
+
+
+def test_final_answer_reads_the_box_then_the_last_number():
+    texts = ["3 + 4 = \\boxed{7}", "\\boxed{7} no, \\boxed{8}", "3 + 4 = 7", "3 + 4 = 7, not 8",
+             "3 + 4 = \\boxed{} 7", "\\boxed{seven}", "seven", "17"]
+    assert final_answer(texts, solution=["7"] * len(texts)) == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    msgs = [[{"role": "assistant", "content": "It is \\boxed{12}."}]]
+    assert final_answer(msgs, prompts=["p"], solution=["12"]) == [1.0]
 
 
 def test_dataset_is_seeded_and_conversational(tmp_path):
@@ -20,6 +28,9 @@ def test_dataset_is_seeded_and_conversational(tmp_path):
     row = json.loads(a.splitlines()[0])
     a_, b_ = [int(x) for x in row["prompt"][0]["content"][8:-1].split(" + ")]
     assert row["prompt"][0]["role"] == "user" and row["solution"] == str(a_ + b_)
+    small = write_arithmetic_dataset(tmp_path / "c.jsonl", 50, instruction=" Box it.", max_operand=9)
+    rows = [json.loads(line) for line in small.read_text().splitlines()]
+    assert all(r["prompt"][0]["content"].endswith("? Box it.") and int(r["solution"]) <= 18 for r in rows)
 
 
 def test_summary_compares_first_and_last_ten_steps(tmp_path):
