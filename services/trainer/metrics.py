@@ -54,8 +54,8 @@ class TrainerMetrics:
         else:
             self.dropped.labels(kind).inc()
 
-    def serve(self, port: int | None) -> int | None:
-        return self.registry_owner.serve(port)
+    def serve(self, port: int | None, host: str = "0.0.0.0") -> int | None:
+        return self.registry_owner.serve(port, host)
 
 
 def _fmt(v) -> str:

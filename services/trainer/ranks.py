@@ -123,10 +123,10 @@ class Commands:
     """Numbered commands in the process group's store: rank 0 posts, the others take them in
     order. Posting never blocks, so rank 0 can always say `stop`, even to ranks that are gone."""
 
-    def __init__(self) -> None:
+    def __init__(self, store=None) -> None:
         from torch.distributed.distributed_c10d import _get_default_store
 
-        self.store = _get_default_store()
+        self.store = store if store is not None else _get_default_store()
         self.sent = self.taken = 0
 
     def post(self, command: tuple) -> None:
@@ -138,10 +138,13 @@ class Commands:
     def take(self, rank: int, give_up) -> tuple | None:
         """The next command; polls (1 ms, backing off to 50 ms) with no timeout of its own:
         `give_up()` says when to stop waiting (None then). Records which one this rank is in."""
-        key, pause = f"agrpo/cmd/{self.taken}", 0.001
+        key, pause, beat = f"agrpo/cmd/{self.taken}", 0.001, 0.0
         while not self.store.check([key]):
             if give_up():
                 return None
+            if time.monotonic() - beat > 2.0:  # rank 0's health watches this counter
+                self.store.add(f"agrpo/beat/{rank}", 1)
+                beat = time.monotonic()
             time.sleep(pause)
             pause = min(pause * 1.5, 0.05)
         command = pickle.loads(self.store.get(key))
@@ -162,6 +165,11 @@ class Commands:
         return late
 
 
+    def beats(self, world_size: int) -> dict[int, int]:
+        """Each follower's heartbeat count (it beats while it waits for a command)."""
+        return {rank: self.store.add(f"agrpo/beat/{rank}", 0) for rank in range(1, world_size)}
+
+
 class RanksFailed(RuntimeError):
     """A command the ranks run together failed: names the command and the ranks behind."""
 
@@ -173,6 +181,8 @@ class RankGroup:
         self.world = world
         self.engine = None
         self._commands = None
+        self._busy = False  # a command runs: the followers are in it, not beating
+        self._beats: dict[int, tuple[int, float]] = {}  # rank -> (count, when it last changed)
 
     def _send(self, *command) -> None:
         if self.world.size > 1:
@@ -183,7 +193,7 @@ class RankGroup:
         """Post command `name`, run rank 0's part; a failure (a rank died, a collective timed
         out) becomes one RanksFailed line naming the command and the ranks behind it."""
         self._send(name, *args)
-        t0 = time.monotonic()
+        t0, self._busy = time.monotonic(), True
         try:
             return run()
         except Exception as exc:  # noqa: BLE001 - gloo/NCCL raise RuntimeError and friends
@@ -192,6 +202,23 @@ class RankGroup:
             behind = self._commands.behind(self.world.size)
             raise RanksFailed(f"trainer ranks: {name!r} failed after {time.monotonic() - t0:.1f} s "
                               f"(ranks behind: {behind or 'none'}): {str(exc).splitlines()[0][:300]}") from exc
+        finally:
+            self._busy = False
+            self._beats.clear()  # the followers just worked: count their silence from now
+
+    def silent(self, max_age_s: float) -> list[int]:
+        """Followers that waited for a command without beating for `max_age_s` (hung, or
+        stopped); [] while a command runs or before the first one."""
+        if self.world.size == 1 or self._commands is None or self._busy:
+            return []
+        now, late = time.monotonic(), []
+        for rank, count in self._commands.beats(self.world.size).items():
+            seen, since = self._beats.get(rank, (None, now))
+            if count != seen:
+                self._beats[rank] = (count, now)
+            elif now - since > max_age_s:
+                late.append(rank)
+        return late
 
     def build(self, cfg, model_path: str, shards: str | None):
         """Every rank loads the model and shards it; returns rank 0's (engine, tokenizer, device)."""

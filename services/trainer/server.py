@@ -44,13 +44,16 @@ class TrainerService:
         self.metrics_port: int | None = None
         self._boot_task: asyncio.Task | None = None
         self._run_task: asyncio.Task | None = None
+        self._ranks_task: asyncio.Task | None = None
         self.failed: BaseException | None = None
 
     async def start(self, wait_ready: bool = True) -> int:
         """Serve gRPC now; load, cold-sync and train in the background."""
         await self.grpc_server.start()
-        self.metrics_port = self.app.metrics.serve(self.cfg.trainer.metrics_port)
+        self.metrics_port = self.app.metrics.serve(self.cfg.trainer.metrics_port, self.cfg.trainer.host)
         self._boot_task = asyncio.create_task(self._boot())
+        if self.app.ranks.world.size > 1:
+            self._ranks_task = asyncio.create_task(self._watch_ranks())
         if wait_ready:
             await self.wait_ready()
         return self.port
@@ -73,6 +76,20 @@ class TrainerService:
         self.app.identity.state = common_pb2.SERVING_STATE_SERVING
         await self.grpc_server.set_serving(True)
         self._run_task = asyncio.create_task(self._run())
+
+    async def _watch_ranks(self, every_s: float = 5.0, silent_s: float = 30.0) -> None:
+        """Health reflects every rank: NOT_SERVING while a rank waiting for work stops beating."""
+        silent_before: list[int] = []
+        while True:
+            await asyncio.sleep(every_s)
+            silent = await asyncio.to_thread(self.app.ranks.silent, silent_s)
+            if silent != silent_before and self.app.identity.state == common_pb2.SERVING_STATE_SERVING:
+                if silent:
+                    log.warning("trainer ranks %s silent for %.0f s: health NOT_SERVING", silent, silent_s)
+                else:
+                    log.info("every trainer rank answers again: health SERVING")
+                await self.grpc_server.set_serving(not silent)
+            silent_before = silent
 
     async def _run(self) -> None:
         try:
@@ -99,7 +116,7 @@ class TrainerService:
         if self._run_task is not None and not self._run_task.done():
             # Never cut a step or a weight sync short: vLLM must not stay paused mid-update.
             await asyncio.wait([self._run_task])
-        for task in (self._run_task, self._boot_task):
+        for task in (self._run_task, self._boot_task, self._ranks_task):
             if task is not None and not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
