@@ -132,10 +132,10 @@ def start_vllm(opts: DemoOptions, model_dir: Path, log_path: Path) -> VLLMServer
                       startup_timeout=opts.gpu.vllm_startup_s).start()
 
 
-def run(opts: DemoOptions) -> dict:
-    """Start vLLM, then the job (services/launcher), train, stop everything; return the
-    summary. On a failure the summary of what did run is still written (with "error"),
-    then the error is raised."""
+def start_job(opts: DemoOptions, info: dict) -> tuple[VLLMServer, Job, object]:
+    """vLLM, the config and the started job of a demo (run() follows it to the end;
+    benchmarks/chaos.py kills its parts); `info` gets what the summary reports. On a failure
+    everything started is stopped."""
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "metrics.jsonl").unlink(missing_ok=True)
     (opts.out / "summary.json").unlink(missing_ok=True)
@@ -144,11 +144,10 @@ def run(opts: DemoOptions) -> dict:
     shutil.rmtree(opts.out / "trainer_output", ignore_errors=True)
     model_dir = _model_dir(opts)
     data = _write_prompts(opts)
-    info = {"mode": "gpu" if opts.gpu else "cpu", "model": str(model_dir)}
-    cfg = job = follower = vllm = None
-    t0 = time.monotonic()
+    info.update(mode="gpu" if opts.gpu else "cpu", model=str(model_dir))
+    vllm = start_vllm(opts, model_dir, opts.out / "logs" / "vllm.log")
+    job = None
     try:
-        vllm = start_vllm(opts, model_dir, opts.out / "logs" / "vllm.log")
         info["vllm_startup_s"] = round(vllm.startup_s, 1)
         print(f"[demo] vLLM healthy after {vllm.startup_s:.0f} s", flush=True)
         config = write_config(opts, model_dir, data, vllm.base_url)
@@ -157,6 +156,23 @@ def run(opts: DemoOptions) -> dict:
         env = {svc: _service_env(opts, svc) for svc in ("reward", "trainer", "rollout")}
         job = Job(cfg, JobOptions(config, cpus=opts.cpus, env=env, timeout_s=opts.timeout_s))
         job.start()
+    except BaseException:
+        if job is not None:
+            job.stop(kill=True)
+        vllm.stop()
+        raise
+    return vllm, job, cfg
+
+
+def run(opts: DemoOptions) -> dict:
+    """Start vLLM, then the job (services/launcher), train, stop everything; return the
+    summary. On a failure the summary of what did run is still written (with "error"),
+    then the error is raised."""
+    info: dict = {}
+    cfg = job = follower = vllm = None
+    t0 = time.monotonic()
+    try:
+        vllm, job, cfg = start_job(opts, info)
         follower = StepFollower(opts.out / "metrics.jsonl", None if opts.epochs else opts.steps)
         job.watch(follower)
         follower.poll()

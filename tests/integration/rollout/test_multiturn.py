@@ -177,8 +177,14 @@ async def test_rollout_service_with_two_environments(vllm_server, tiny_model_dir
         text = s.completion_text
         assert len(s.input_ids) == len(s.completion_mask) == len(s.behavior_logprobs)
         assert 0 < s.prompt_length and s.completion_mask[s.prompt_length] == 1
-        assert "tools/call_frequency" in s.metrics and "tools/failure_frequency" in s.metrics
+        # as TRL: the two tool frequencies exist together, only for a group that called a tool
+        assert ("tools/call_frequency" in s.metrics) == ("tools/failure_frequency" in s.metrics)
+        assert "tools/latency_ms" in s.metrics and "tools/loop_exhausted" in s.metrics
         del text
+    for group in {s.group_id for s in trainer.received}:
+        members = [s for s in trainer.received if s.group_id == group]
+        called = any(s.metrics.get("tools/call_frequency", 0) > 0 for s in members)
+        assert all(("tools/call_frequency" in s.metrics) == called for s in members), group
     assert set(by_env) == {"score", "shout"}
     for s in by_env["score"]:
         full = svc.app.tokenizer.decode(list(s.input_ids))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -172,7 +173,11 @@ def test_losing_a_rank_stops_the_trainer_a_restart_resumes_and_one_rank_continue
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert kill_to_exit < 60 and proc.returncode != 0, (kill_to_exit, proc.returncode)
-    assert "ranks behind: [1]" in (tmp_path / "first.log").read_text()  # rank 0 names the lost rank
+    # The log names the lost rank: rank 0's own line when a command found it gone, else (rank 0
+    # idle when torchrun's agent saw rank 1 die and stopped the group) torchrun's failure report.
+    first_log = (tmp_path / "first.log").read_text()
+    assert "ranks behind: [1]" in first_log or re.search(
+        r"rank\s*: 1 \(local_rank: 1\)\s*exitcode\s*: -9", first_log), first_log[-3000:]
     again = _start(path, tmp_path / "again.log")  # same run_id: resumes its latest checkpoint
 
     async def rest():
