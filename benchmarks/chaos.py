@@ -1,0 +1,232 @@
+"""chaos.py: kill -9 the running system's services at random, then prove from the audit log
+that nothing was lost, nothing trained twice and nothing trained past max_staleness.
+
+  .venv/bin/python benchmarks/chaos.py --kills 24                 # the long run (>= 20 kills)
+  .venv/bin/python benchmarks/chaos.py --short                    # 6 kills, as CI runs it
+
+The system runs as the demo does (`agrpo demo`'s job: real vLLM, reward, trainer, rollout
+processes under the launcher's supervisor, which restarts what dies; vLLM is restarted
+here). Every `--min-s`..`--max-s` seconds one target is killed with SIGKILL (its whole
+process group): trainer, rollout, reward, vllm, plus the trainer while vLLM is paused for a
+weight sync ("trainer@sync") and while a checkpoint is being written ("trainer@save").
+Each service is killed at least kills/6 times. After the last kill the run trains
+`--after` more steps, stops cleanly, and `agrpo audit`'s checker reads the raw audit log:
+every prompt key trained by one group, no sample id twice, every epoch before the last
+complete, no staleness past the bound. Recovery: from a kill until the service serves again
+(gRPC health, or vLLM's /health), then until the trainer logs a step after that. Prints one row per kill and the verdict; exits 1 when
+the audit fails or training never recovers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SERVICES = ("trainer", "rollout", "reward", "vllm")
+
+
+def plan(kills: int, rng: random.Random) -> list[str]:
+    """The kill order: the trainer mid-sync and mid-save once each, then the four services
+    in turn (shuffled per round), so each gets about (kills - 2) / 4."""
+    order = ["trainer@sync", "trainer@save"]
+    while len(order) < kills:
+        round_ = list(SERVICES)
+        rng.shuffle(round_)
+        order += round_
+    order = order[:max(kills, 2)]
+    rng.shuffle(order)
+    return order
+
+
+def last_step(metrics: Path) -> int:
+    try:
+        lines = metrics.read_text().splitlines()
+    except OSError:
+        return 0
+    return max((json.loads(x)["step"] for x in lines if x.strip()), default=0)
+
+
+def _paused(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/is_paused", timeout=1) as r:
+            return bool(json.loads(r.read()).get("is_paused"))
+    except (OSError, ValueError):
+        return False
+
+
+def _vllm_healthy(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _saving(output_dir: Path) -> bool:
+    return any(output_dir.glob(".checkpoint-*.tmp"))
+
+
+def wait_for_moment(target: str, vllm, output_dir: Path, limit_s: float) -> bool:
+    """For trainer@sync / trainer@save: poll (2 ms) until vLLM is paused / a checkpoint is
+    being written; False when it did not happen within limit_s (the kill happens anyway)."""
+    if target == "trainer@sync":
+        seen = lambda: _paused(vllm.base_url)  # noqa: E731
+    elif target == "trainer@save":
+        seen = lambda: _saving(output_dir)  # noqa: E731
+    else:
+        return True
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if seen():
+            return True
+        time.sleep(0.002)
+    return False
+
+
+def _process(name: str, job, vllm):
+    return vllm.proc if name == "vllm" else job.services[name].process.proc
+
+
+def kill(target: str, job, vllm, wait_s: float = 120.0) -> bool:
+    """SIGKILL the target's process group once it runs (it may still be restarting from
+    the last kill); vLLM is started again here (the supervisor restarts the others)."""
+    name, deadline = target.split("@")[0], time.monotonic() + wait_s
+    while (proc := _process(name, job, vllm)) is None or proc.poll() is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    if name == "vllm":
+        threading.Thread(target=vllm.start, daemon=True).start()
+    return True
+
+
+def _serving(port: int) -> bool:
+    """The gRPC health check of the service on `port` answers SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+
+
+def recovery(target: str, cfg, vllm, metrics: Path, limit_s: float) -> tuple[float | None, float | None]:
+    """(seconds until the killed service serves again, seconds until the trainer then logs
+    a new step); None where that did not happen within limit_s of the kill."""
+    name, t0 = target.split("@")[0], time.monotonic()
+    port = {"trainer": cfg.trainer.port, "rollout": cfg.rollout.port, "reward": cfg.reward.port}.get(name)
+    back = (lambda: _vllm_healthy(vllm.base_url)) if name == "vllm" else (lambda: _serving(port))  # noqa: E731
+    back_s = step_s = None
+    while time.monotonic() - t0 < limit_s:
+        if back_s is None and back():
+            back_s, before = time.monotonic() - t0, last_step(metrics)
+        elif back_s is not None and last_step(metrics) > before:
+            step_s = time.monotonic() - t0
+            break
+        time.sleep(0.2)
+    return back_s, step_s
+
+
+def run(a) -> int:
+    from services.demo.runner import DemoOptions, start_job
+    from services.trainer.audit import verify
+
+    rng = random.Random(a.seed)
+    opts = DemoOptions(steps=100_000, out=a.out, max_staleness=a.max_staleness, num_prompts=a.num_prompts,
+                       timeout_s=0, overrides={
+                           "save_steps": a.save_steps, "run_id": f"chaos-{a.seed}",
+                           "launcher": {"max_restarts": 10_000, "restart_window_s": 30.0}})
+    vllm, job, cfg = start_job(opts, {})
+    metrics, output_dir = a.out / "metrics.jsonl", Path(cfg.resolved_output_dir)
+    errors: list[BaseException] = []
+
+    def supervise() -> None:  # the launcher's watch loop: restarts what dies, raises on give-up
+        try:
+            job.watch(None)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threading.Thread(target=supervise, daemon=True).start()
+    rows, failed = [], False
+    try:
+        for n, target in enumerate(plan(a.kills, rng), 1):
+            time.sleep(rng.uniform(a.min_s, a.max_s))
+            at_moment = wait_for_moment(target, vllm, output_dir, limit_s=60)
+            step = last_step(metrics)
+            killed = kill(target, job, vllm)
+            back_s, step_s = recovery(target, cfg, vllm, metrics, a.recover_s)
+            rows.append({"kill": n, "target": target, "killed": killed, "at_moment": at_moment, "step": step,
+                         "back_s": _round(back_s), "next_step_s": _round(step_s)})
+            print(json.dumps(rows[-1]), flush=True)
+            if step_s is None or errors:
+                failed = True
+                print(f"chaos: not recovered ({errors[0] if errors else 'no new step'})", flush=True)
+                break
+        goal = last_step(metrics) + a.after
+        while not failed and last_step(metrics) < goal:
+            time.sleep(0.5)
+    finally:
+        job.stop()
+        vllm.stop()
+    verdict = verify(output_dir / "trained_samples.jsonl", cfg.max_staleness, a.num_prompts)
+    report(rows, verdict, a.out)
+    return 0 if verdict.ok and not failed else 1
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def report(rows: list[dict], verdict, out: Path) -> None:
+    by_target = {t: sum(r["target"] == t for r in rows) for t in (*SERVICES, "trainer@sync", "trainer@save")}
+    print("\nkill | target | at the moment | last step | serving again after (s) | next step after (s)")
+    for r in rows:
+        print(f"{r['kill']} | {r['target']} | {r['at_moment']} | {r['step']} | {r['back_s']} | {r['next_step_s']}")
+    summary = {}
+    for t in by_target:
+        times = [r["next_step_s"] for r in rows if r["target"] == t and r["next_step_s"] is not None]
+        if times:
+            summary[t] = {"kills": len(times), "median_s": round(statistics.median(times), 1), "max_s": max(times)}
+            print(f"{t}: {len(times)} kills, next step after median {summary[t]['median_s']} s, max {max(times)} s")
+    print("audit:", verdict.line())
+    (out / "chaos.json").write_text(json.dumps({"kills": rows, "recovery": summary, "audit": verdict.line(),
+                                                "ok": verdict.ok}, indent=2))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kills", type=int, default=24)
+    p.add_argument("--min-s", type=float, default=10.0)
+    p.add_argument("--max-s", type=float, default=40.0)
+    p.add_argument("--short", action="store_true", help="6 kills, 4-10 s apart (the CI version)")
+    p.add_argument("--after", type=int, default=5, help="steps trained after the last kill")
+    p.add_argument("--recover-s", type=float, default=300.0, help="a kill not recovered by then fails the run")
+    p.add_argument("--max-staleness", type=int, default=2)
+    p.add_argument("--save-steps", type=int, default=5)
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("bench_output/chaos"))
+    a = p.parse_args()
+    if a.short:
+        a.kills, a.min_s, a.max_s = 6, 4.0, 10.0
+    return run(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
