@@ -42,7 +42,7 @@ def run(tree: bool, args, model_dir: str) -> dict:
 
     from services.common.config import AgrpoConfig
     from services.trainer.packing import TokenBudgetBatcher, iter_batches
-    from services.trainer.setup import build_engine
+    from services.trainer.engine_factory import build_engine
 
     cfg = AgrpoConfig(model=model_dir, gradient_checkpointing=args.gc)
     engine, _, _ = build_engine(cfg, model_dir)

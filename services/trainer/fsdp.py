@@ -109,14 +109,17 @@ def weights_for_sync(engine: Engine, dtype: torch.dtype | None = None, dst: int 
     return named_weights(engine.model, dtype)
 
 
-def build_sharded_engine(cfg, model_path: str, mesh=None, mixed_precision: bool | None = None):
-    """setup.build_engine for one FSDP2 rank: load, shard, then optimizer and scheduler.
+def build_sharded_engine(cfg, model_path: str, mesh=None, mixed_precision: bool | None = None,
+                         cpu_offload: bool | None = None):
+    """engine_factory.build_engine for one FSDP2 rank: load, shard, then optimizer and scheduler.
 
     Call after `dist.init_process_group` (and torch.cuda.set_device on GPU).
-    mixed_precision None: on where training runs on CUDA.
+    mixed_precision None: on where training runs on CUDA; cpu_offload None: trainer.cpu_offload.
     """
+    from .engine_factory import build_engine
     from .model import pick_device
-    from .setup import build_engine
 
     mp = pick_device(cfg).type == "cuda" if mixed_precision is None else mixed_precision
-    return build_engine(cfg, model_path, shard=lambda model: shard_model(model, mesh, mixed_precision=mp))
+    offload = cfg.trainer.cpu_offload if cpu_offload is None else cpu_offload
+    return build_engine(cfg, model_path,
+                        shard=lambda model: shard_model(model, mesh, mixed_precision=mp, cpu_offload=offload))

@@ -253,17 +253,11 @@ def build(cfg, model_path: str, shards: str | None, world: World):
     from pathlib import Path
 
     from . import checkpoint
-    from .setup import build_engine
+    from .engine_factory import build_engine
+    from .fsdp import build_sharded_engine
 
-    if world.size == 1 and not sharded(cfg):
-        built = build_engine(cfg, model_path)
-    else:
-        from .fsdp import shard_model
-        from .model import pick_device
-
-        mixed = pick_device(cfg).type == "cuda"
-        offload = cfg.trainer.cpu_offload
-        built = build_engine(cfg, model_path, shard=lambda m: shard_model(m, mixed_precision=mixed, cpu_offload=offload))
+    built = build_engine(cfg, model_path) if world.size == 1 and not sharded(cfg) else \
+        build_sharded_engine(cfg, model_path)
     if shards:
         load_shards(built[0], shards)
         checkpoint.restore_optimizer(Path(shards).parent, built[0].optimizer, built[0].scheduler)

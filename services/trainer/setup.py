@@ -4,7 +4,6 @@ scheduler, engine, weight transport and syncer, step logger. Blocking (runs in a
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import torch
@@ -13,11 +12,8 @@ from services.common.config import AgrpoConfig
 from services.common.logging import get_logger
 
 from . import checkpoint
-from .engine import Engine, EngineConfig
 from .loop import TrainerLoop
-from .loss import LossConfig
 from .metrics import StepLogger
-from .model import autocast_dtype, build_optimizer, build_scheduler, load_model, pick_device
 from .weight_sync import WeightSyncer
 from .weight_sync.transports import HttpTransport, SharedPathTransport
 
@@ -37,31 +33,6 @@ def make_transport(cfg: AgrpoConfig, device: torch.device):
     from .weight_sync.nccl import NcclTransport
 
     return NcclTransport()
-
-
-def build_engine(cfg: AgrpoConfig, model_path: str, shard=None):
-    """Model, tokenizer and Engine (optimizer + scheduler) for a model path.
-
-    shard: applied to the loaded model before the optimizer is built (it must hold the
-    sharded parameters), e.g. `fsdp.shard_model`; the Engine gets what it returns.
-    """
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    device = pick_device(cfg)
-    model, tokenizer = load_model(cfg, model_path, device)
-    root = shard(model) if shard is not None else model
-    optimizer = build_optimizer(cfg, model)
-    scheduler = build_scheduler(cfg, optimizer)
-    mode, clip_min, clip_max = cfg.importance_sampling
-    loss = LossConfig(cfg.epsilon, cfg.effective_epsilon_high, cfg.temperature, is_mode=mode, is_min=clip_min,
-                      is_max=clip_max)
-    tree = cfg.trainer.forward == "tree" or (cfg.trainer.forward == "auto" and device.type == "cuda")
-    engine = Engine(root, optimizer, scheduler,
-                    EngineConfig(loss, cfg.max_grad_norm, tree=tree, autocast=autocast_dtype(cfg, device),
-                                 router_aux_loss_coef=cfg.router_aux_loss_coef,
-                                 fp32_head=cfg.cast_lm_head_to_fp32, compile_layers=cfg.trainer.compile,
-                                 compile_head=cfg.trainer.compile, device=device))
-    return engine, tokenizer, device
 
 
 def build_loop(app) -> TrainerLoop:

@@ -3,7 +3,7 @@
   OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node 2 \\
       tests/unit/trainer/fsdp_engine_worker.py MODEL_DIR OUT.json
 
-Rank 0 first trains a single-process Engine (setup.build_engine) on every row of
+Rank 0 first trains a single-process Engine (engine_factory.build_engine) on every row of
 each micro-batch; then every rank trains its own rows under FSDP2
 (fsdp.build_sharded_engine) from the same start weights. Rank 0 writes both runs'
 step stats, the gathered weights' distance to the reference and the gather checks
@@ -25,7 +25,7 @@ from services.common.config import AgrpoConfig
 from services.trainer.fsdp import build_sharded_engine, full_weights_for_sync, weights_for_sync
 from services.trainer.packing import TokenBudgetBatcher, iter_batches
 from services.trainer.sample import Sample
-from services.trainer.setup import build_engine
+from services.trainer.engine_factory import build_engine
 from services.trainer.weight_sync.transports import named_weights
 
 STEPS = 3

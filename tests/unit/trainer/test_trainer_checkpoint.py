@@ -9,7 +9,7 @@ import torch
 from services.common.config import AgrpoConfig
 from services.trainer import checkpoint
 from services.trainer.ledger import Ledger
-from services.trainer.setup import build_engine
+from services.trainer.engine_factory import build_engine
 from services.trainer.state import TrainState
 
 

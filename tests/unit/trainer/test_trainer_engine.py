@@ -7,7 +7,7 @@ import torch
 
 from services.common.config import AgrpoConfig
 from services.trainer.packing import TokenBudgetBatcher, iter_batches
-from services.trainer.setup import build_engine
+from services.trainer.engine_factory import build_engine
 
 
 @pytest.fixture(scope="module")

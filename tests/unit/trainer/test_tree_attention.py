@@ -76,7 +76,7 @@ def test_block_mask_equals_create_block_mask(seed):
 def engines(tiny_model_dir):
     from services.common.config import AgrpoConfig
     from services.trainer.engine import Engine
-    from services.trainer.setup import build_engine
+    from services.trainer.engine_factory import build_engine
 
     cfg = AgrpoConfig(model=str(tiny_model_dir), temperature=0.9)
     dense, _, _ = build_engine(cfg, str(tiny_model_dir))
