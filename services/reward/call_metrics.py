@@ -14,6 +14,7 @@ It must be the first interceptor, outside the token check, to see its refusals.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -55,41 +56,38 @@ class CallCounter(grpc.aio.ServerInterceptor):
                 response_serializer=handler.response_serializer)
         return handler
 
+    @contextlib.contextmanager
+    def _counting_errors(self, name: str, context):
+        """Record a call that ends in an exception by the code it ends with."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            self._record(name, _cancel_code(context))
+            raise
+        except grpc.aio.AbortError:
+            self._record(name, _code(context, "UNKNOWN"))
+            raise
+        except Exception:
+            self._record(name, "UNKNOWN")
+            raise
+
     def _unary(self, name: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
         async def counted(request, context):
-            try:
+            with self._counting_errors(name, context):
                 response = await behavior(request, context)
-            except asyncio.CancelledError:
-                self._record(name, _cancel_code(context))
-                raise
-            except grpc.aio.AbortError:
-                self._record(name, _code(context, "UNKNOWN"))
-                raise
-            except Exception:
-                self._record(name, "UNKNOWN")
-                raise
             self._record(name, _code(context, "OK"))
             return response
         return counted
 
     def _stream(self, name: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
         async def counted(request_iterator, context):
-            try:
+            with self._counting_errors(name, context):
                 result = behavior(request_iterator, context)
                 if inspect.isasyncgen(result):
                     async for response in result:
                         yield response
                 else:  # a coroutine, like the token check's refusal
                     await result
-            except asyncio.CancelledError:
-                self._record(name, _cancel_code(context))
-                raise
-            except grpc.aio.AbortError:
-                self._record(name, _code(context, "UNKNOWN"))
-                raise
-            except Exception:
-                self._record(name, "UNKNOWN")
-                raise
             code = _code(context, "OK")
             if code != "OK":
                 self._record(name, code)

@@ -20,6 +20,8 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+from services.common.lifetime import die_with_parent
+
 from .deadline import call_budget
 from .registry import FunctionSpec, invoke, load
 
@@ -44,14 +46,7 @@ def _die_with_parent() -> None:
             server._forkserver_alive_fd = None
     except (AttributeError, OSError):
         pass
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os._exit(1)
+    die_with_parent()
 
 
 def worker_main(conn: Connection, specs: list[FunctionSpec], sys_path: list[str]) -> None:

@@ -106,17 +106,11 @@ def init(world: World, timeout_s: float, use_cuda: bool, fsdp: bool = False) -> 
 
 def _die_with_launcher() -> None:
     """Under torchrun each rank has a session of its own, so a SIGKILL of the launcher's
-    process group (agrpo run's second Ctrl-C) misses it: ask Linux to kill it with its parent."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
-        return
-    try:
-        import ctypes
+    process group (agrpo run's second Ctrl-C) misses it: it dies with its parent instead."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        from services.common.lifetime import die_with_parent
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the launcher died before the line above
-        os._exit(1)
+        die_with_parent()
 
 
 class Commands:
