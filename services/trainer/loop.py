@@ -75,6 +75,7 @@ class TrainerLoop:
         self.num_params = sum(p.numel() for p in engine.model.parameters())
         self.pace = intake.pace
         self.trained_at_version = 0  # samples trained since the last published version
+        self._pushing: asyncio.Task | None = None  # a weight push overlapping the next step
         self.idle = IdleClock()  # waiting for samples vs training, syncing, logging
         self.reward_health = RewardHealth(cfg.trainer.reward_failure_patience)
         self._saved_step = state.step
@@ -170,28 +171,52 @@ class TrainerLoop:
 
     def _commit_version(self, version: int, synced: list[str], uri: str) -> None:
         self.state.version, self.state.version_step = version, self.state.step
+        self._announce(version, self.state.step, synced, uri)
+
+    def _announce(self, version: int, step: int, synced: list[str], uri: str) -> None:
         self.metrics.policy_version.set(version)
-        self.board.publish(version, self.state.step, synced, self.syncer.transport.name, uri,
-                           self.state.lineage)
-        log.info("policy version %d published (step %d, servers %s)", version, self.state.step, synced)
+        self.board.publish(version, step, synced, self.syncer.transport.name, uri, self.state.lineage)
+        log.info("policy version %d published (step %d, servers %s)", version, step, synced)
 
     async def publish_weights(self) -> None:
-        """New version into every server, then announce it (failed servers re-sync later)."""
+        """The trainer's weights become the next version (snapshotted), then go into every
+        server and are announced (failed servers re-sync later). With overlap_weight_sync
+        the push runs while the next step trains; it is awaited before anything else syncs."""
+        await self.settle_push()
         version = self.state.version + 1
-        report = await self._sync(version)
-        self._commit_version(version, report.synced, report.uri)
+        self.record.reserve(version)  # before the checkpoint can hold it
+        await self.syncer.prepare_now(version, partial(self._prepare_payload, version))
+        self.state.version, self.state.version_step = version, self.state.step
         # Samples waiting in open rows were fresh when popped; a new version can make
         # them stale before their micro-batch closes. Never train past max_staleness.
         late = self.batcher.evict(self.is_stale)
         if late:
             self.ledger.release(late)
             self._drop_stale(late)
+        trained, self.trained_at_version = self.trained_at_version, 0
+        push = self._push(version, self.state.step, trained)
+        overlap = self.cfg.trainer.overlap_weight_sync and not self.pace.sync and \
+            getattr(self.syncer.transport, "snapshot", False)
+        if overlap:
+            self._pushing = asyncio.create_task(push)
+        else:
+            await push
+
+    async def _push(self, version: int, step: int, trained: int) -> None:
+        report = await self._sync(version)
+        self._announce(version, step, report.synced, report.uri)
         # Only now does the next generation's room open: it is generated at this version.
-        self.intake.version_published(self.trained_at_version, self.batcher.num_samples)
-        self.trained_at_version = 0
+        self.intake.version_published(trained, self.batcher.num_samples)
+
+    async def settle_push(self) -> None:
+        """Wait for the push in flight (if any): vLLM must never stay paused mid-update."""
+        if self._pushing is not None:
+            pushing, self._pushing = self._pushing, None
+            await pushing
 
     async def reconcile(self) -> None:
         """Re-sync servers that restarted or missed a version."""
+        await self.settle_push()
         version = self.state.version
         try:
             report = await self.syncer.reconcile(version, partial(self._prepare_payload, version))
@@ -228,12 +253,15 @@ class TrainerLoop:
                     await self.publish_weights()  # no weights leave after a stop began
                 self.log_step(step_in, stats)
                 await self.maybe_checkpoint()
+            await self.settle_push()
             if self.done():
                 await self.finish()
             elif self._stop.is_set() and self.cfg.save_strategy != "no" and self.state.step > self._saved_step:
                 log.info("stopped at step %d: saving a checkpoint", self.state.step)
                 await self.save()
         finally:
+            if self._pushing is not None:  # a failed step: the push in flight still ends cleanly
+                await asyncio.gather(self._pushing, return_exceptions=True)
             self.finished.set()
 
     async def finish(self) -> None:

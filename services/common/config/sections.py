@@ -202,6 +202,10 @@ class TrainerSection(ServiceSection):
     schedule: Literal["async", "sync"] = "async"
     """async: generation runs up to max_staleness versions ahead of training. sync: the baseline
     schedule of TRL's GRPOTrainer: generate one step's samples, train, sync, then generate again."""
+    overlap_weight_sync: bool = True
+    """async schedule, http and shared_path transports: the weights are snapshotted, then pushed
+    into vLLM while the next step trains (the trainer waits for the snapshot only). The sync
+    schedule and NCCL (which sends the live parameters) always push before the next step."""
     peak_tflops: float | None = Field(None, gt=0)
     """Accelerator peak TFLOP/s for perf/mfu; None: MFU not logged."""
     forward: Literal["auto", "tree", "unpacked"] = "auto"

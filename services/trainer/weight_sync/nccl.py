@@ -254,6 +254,7 @@ class NcclTransport:
     """Rank-0 NCCL sender, one communicator per server (needs a GPU separate from vLLM's)."""
 
     name = "nccl"
+    snapshot = False  # sends the live parameters: the next step must wait for the push
 
     def __init__(self, buffer_bytes: int = DEFAULT_BUFFER_BYTES, rendezvous: str = "auto",
                  timeout: float = 120.0, master_address: str | None = None) -> None:

@@ -96,12 +96,18 @@ class WeightSyncer:
     def admin(self, url: str) -> VLLMAdmin:
         return self._servers[url].admin
 
-    async def sync(self, version: int, prepare: Callable[[], Prepared],
-                   urls: list[str] | None = None) -> SyncReport:
-        """Prepare the payload (in a thread) and push it to `urls` (default: all)."""
-        t0 = time.perf_counter()
+    async def prepare_now(self, version: int, prepare: Callable[[], Prepared]) -> None:
+        """Build `version`'s payload (in a thread) unless it is built already. With a
+        transport that snapshots (`transport.snapshot`), training may go on once this returns."""
         if self._prepared is None or self._prepared.version != version:
             self._prepared = await asyncio.to_thread(prepare)
+
+    async def sync(self, version: int, prepare: Callable[[], Prepared],
+                   urls: list[str] | None = None) -> SyncReport:
+        """Prepare the payload (in a thread, unless `prepare_now` did) and push it to `urls`
+        (default: all)."""
+        t0 = time.perf_counter()
+        await self.prepare_now(version, prepare)
         report = SyncReport(version, nbytes=self._prepared.nbytes, uri=self._prepared.uri)
         report.phase_s["prepare"] = time.perf_counter() - t0
         targets = self.urls if urls is None else urls

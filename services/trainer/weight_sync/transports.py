@@ -74,6 +74,7 @@ class HttpTransport:
     """Inline base64 safetensors chunks."""
 
     name = "http"
+    snapshot = True  # prepare() serialises: training may change the weights once it returns
 
     def __init__(self, chunk_mb: int = 64) -> None:
         self.chunk_bytes = chunk_mb * 1024 * 1024
@@ -103,6 +104,7 @@ class SharedPathTransport:
     """A safetensors file per version in a folder shared with the servers."""
 
     name = "shared_path"
+    snapshot = True
 
     def __init__(self, folder: Path, keep: int = 2) -> None:
         self.folder, self.keep = Path(folder), keep
