@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -24,6 +25,16 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+
+def parse_vllm_version(text: str) -> tuple[int, int, int]:
+    """'0.33.0', '0.28.1.dev12+g..', 'v0.30' -> (major, minor, patch): the one reading of a
+    vLLM version string (rollout's minimum-version check, the trainer's protocol choices)."""
+    nums = [int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3]]
+    while len(nums) < 3:
+        nums.append(0)
+    return tuple(nums)  # type: ignore[return-value]
+
+
 # NVLink multicast off in every process on shared multi-GPU hosts (it can take the host's
 # GPUs out of service); NCCL_CUMEM_ENABLE=0 because vLLM's workers use it and both NCCL
 # ends must agree.
@@ -34,6 +45,7 @@ WORKER_EXTENSION = "agrpo_vllm_plugin.worker.AgrpoWorkerExtension"
 # Reads vLLM's argument definitions as text: importing vllm costs seconds (and CUDA init).
 _SCALE_OUT_PROBE = """
 import importlib.util, pathlib, sys
+
 spec = importlib.util.find_spec("vllm")
 if spec is None or not spec.origin:
     sys.exit(2)

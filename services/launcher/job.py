@@ -110,7 +110,16 @@ class Job:
             env["AGRPO_TRAINER__EXIT_WHEN_DONE"] = "true"
             if self.trainer_gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = self.trainer_gpus
+            if self._shares_files_with_vllm():
+                env["AGRPO_TRAINER__WEIGHT_TRANSPORT"] = "shared_path"
         return env
+
+    def _shares_files_with_vllm(self) -> bool:
+        """Every server is a CPU vLLM this job started, so it reads the trainer's files: weights go
+        as a file per version (no base64 JSON; a third of a sync on the demo task)."""
+        return (self.cfg.trainer.weight_transport == "auto" and self.trainer_gpus is None and
+                len(self.vllm_servers) == len(self.cfg.vllm_urls) > 0 and
+                not any(server.gpu for server in self.vllm_servers))
 
     # Running
     def watch(self, follower: StepFollower | None) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from services.common.logging import get_logger
+from services.common.vllm_process import parse_vllm_version as parse_version
 
 log = get_logger("rollout.vllm")
 
@@ -60,17 +61,6 @@ class Completion:
     spans: list[tuple[str, int, int]] = field(default_factory=list)
     latency_s: float = 0.0
     server: str = ""
-
-
-def parse_version(text: str) -> tuple[int, ...]:
-    """'0.32.0' / '0.30.1.dev3+g12' -> (0, 32, 0) / (0, 30, 1)."""
-    parts = []
-    for piece in text.split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
 
 
 @dataclass

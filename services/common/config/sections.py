@@ -157,7 +157,8 @@ class TrainerSection(ServiceSection):
     port: int = Field(50051, ge=0, le=65535)
     metrics_port: int | None = Field(9101, ge=0, le=65535)
     weight_transport: Literal["auto", "http", "shared_path", "nccl"] = "auto"
-    """How weights reach vLLM: auto picks nccl on GPU, http on CPU."""
+    """How weights reach vLLM: auto picks nccl on GPU, http on CPU (agrpo run picks shared_path
+    for a CPU vLLM it started itself: a file per version under output_dir, no base64 JSON)."""
     weight_load: Literal["auto", "vllm", "direct"] = "auto"
     """How vLLM loads an update. vllm: its RL flow (start/finish, layerwise reload; any model).
     direct: our worker extension loads the tensors as-is (CUDA, unquantized; start vLLM with
@@ -206,6 +207,11 @@ class TrainerSection(ServiceSection):
     """async schedule, http and shared_path transports: the weights are snapshotted, then pushed
     into vLLM while the next step trains (the trainer waits for the snapshot only). The sync
     schedule and NCCL (which sends the live parameters) always push before the next step."""
+    recompute_in_flight: bool = True
+    """At a weight sync, requests in flight at vLLM are preempted and recomputed under the new
+    weights (TRL's /pause semantics). False: they go on with the KV cache they have (PipelineRL's
+    in-flight update); their later tokens come from the new weights, and the per-token version
+    spans say so. Only the prefix cache of the old weights is dropped."""
     peak_tflops: float | None = Field(None, gt=0)
     """Accelerator peak TFLOP/s for perf/mfu; None: MFU not logged."""
     forward: Literal["auto", "tree", "unpacked"] = "auto"

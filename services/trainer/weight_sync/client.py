@@ -74,8 +74,9 @@ class VLLMAdmin:
     async def init_engine(self, init_info: dict) -> None:
         await self.call("init", "POST", "/init_weight_transfer_engine", {"init_info": init_info})
 
-    async def pause(self) -> None:
-        await self.call("pause", "POST", "/pause?mode=keep")
+    async def pause(self, clear_cache: bool = True) -> None:
+        """Freeze scheduling; `clear_cache` also preempts running requests (recomputed on resume)."""
+        await self.call("pause", "POST", "/pause?mode=keep" + ("" if clear_cache else "&clear_cache=false"))
 
     async def start(self) -> None:
         await self.call("start", "POST", "/start_weight_update", {"is_checkpoint_format": True})

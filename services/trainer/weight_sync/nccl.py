@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import inspect
-import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from urllib.parse import urlparse
 import torch
 
 from services.common.logging import get_logger
+from services.common.vllm_process import parse_vllm_version as parse_version
 
 from .client import VLLMAdmin, WeightSyncError
 from .transports import Prepared
@@ -49,14 +49,6 @@ DEFAULT_NUM_BUFFERS = 2
 VLLM_UNIQUE_ID_CLASS = ("vllm.distributed.device_communicators.pynccl_wrapper", "ncclUniqueId")
 
 log = get_logger("trainer.weight_sync.nccl")
-
-
-def parse_version(text: str) -> tuple[int, int, int]:
-    """'0.33.0', '0.28.1.dev12+g..', 'v0.30' -> (major, minor, patch)."""
-    nums = [int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3]]
-    while len(nums) < 3:
-        nums.append(0)
-    return tuple(nums)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from services.common.logging import get_logger
+from services.common.vllm_process import parse_vllm_version
 
 from .client import VLLMAdmin, WeightSyncError
 from .transports import Prepared
@@ -62,16 +63,19 @@ class _Server:
         self.initialized = False
         self.label: str | None = None
         self.labels = True  # the server keeps a weight label (direct load asks; vLLM's flow always sends it)
+        self.quick_pause = False  # pause with /sleep level 0 (vLLM >= 0.26), not /pause's 20 ms settle sleep
 
 
 class WeightSyncer:
     """Drives the RL weight-update flow on all servers with one transport."""
 
     def __init__(self, urls: list[str], transport, phase_timeout: float, total_timeout: float,
-                 on_phase: PhaseHook | None = None, load_mode: str = "auto") -> None:
+                 on_phase: PhaseHook | None = None, load_mode: str = "auto",
+                 recompute_in_flight: bool = True) -> None:
         if load_mode not in LOAD_MODES:
             raise ValueError(f"weight load mode must be one of {LOAD_MODES}, got {load_mode!r}")
         self.load_mode = load_mode
+        self.recompute_in_flight = recompute_in_flight  # trainer.recompute_in_flight
         self.urls = list(urls)
         self.transport = transport
         self.phase_timeout, self.total_timeout = phase_timeout, total_timeout
@@ -140,7 +144,8 @@ class WeightSyncer:
         if not server.initialized:
             await self._phase(server, "init", lambda: self._init(server), report, current)
             server.initialized = True
-        pause = admin.pause_scheduler if admin.direct else admin.pause
+        pause = admin.pause_scheduler if admin.direct or server.quick_pause else \
+            (lambda: admin.pause(clear_cache=self.recompute_in_flight))
         for phase, run in [("pause", pause), *self._update_steps(server, prepared)]:
             await self._phase(server, phase, run, report, current)
         server.label = str(prepared.version)
@@ -165,12 +170,19 @@ class WeightSyncer:
         admin, label = server.admin, str(prepared.version)
         send = ("update", lambda: self.transport.send(admin, prepared))
         if not admin.direct:
-            return [("start", lambda: self._start(admin)), send,
-                    ("finish", lambda: self._close(server, label)), ("resume", admin.resume)]
-        steps = [send, ("reset_prefix_cache", lambda: admin.reset_prefix_cache(running=True))]
+            steps = [("start", lambda: self._start(admin)), send, ("finish", lambda: self._close(server, label))]
+            if server.quick_pause:  # what /pause's clear_cache did
+                steps.append(("reset_prefix_cache", self._reset_cache(admin)))
+            return steps + [("resume", admin.resume)]
+        steps = [send, ("reset_prefix_cache", self._reset_cache(admin))]
         if server.labels:
             steps.append(("finish", lambda: self._close(server, label)))
         return steps + [("resume", admin.resume)]
+
+    def _reset_cache(self, admin: VLLMAdmin) -> Callable[[], Awaitable[None]]:
+        """Drop the prefix cache of the old weights; with recompute_in_flight, running requests
+        are preempted and recomputed under the new ones (else they keep their KV cache)."""
+        return lambda: admin.reset_prefix_cache(running=self.recompute_in_flight)
 
     @staticmethod
     async def _close(server: _Server, label: str, timeout: float | None = None) -> None:
@@ -186,6 +198,7 @@ class WeightSyncer:
         admin = server.admin
         await self.transport.init(admin)
         admin.direct = False
+        server.quick_pause = parse_vllm_version(await admin.server_version()) >= (0, 26, 0)
         if self.load_mode == "vllm":
             return
         why = await admin.direct_load_check()

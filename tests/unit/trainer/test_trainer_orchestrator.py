@@ -19,10 +19,12 @@ from services.trainer.weight_sync.transports import Prepared
 
 class FakeVLLM:
     """`extension`: None (no worker extension: collective_rpc fails as in vLLM), "ok", or a
-    refusal reason; `labels`: whether GET /weight_info exists (vLLM >= 0.30)."""
+    refusal reason; `labels`: whether GET /weight_info exists (vLLM >= 0.30); `version`: what
+    GET /version answers (below 0.26 vLLM's flow pauses with /pause)."""
 
     def __init__(self, hang_on: str | None = None, fail_on: str | None = None,
-                 extension: str | None = None, labels: bool = True) -> None:
+                 extension: str | None = None, labels: bool = True, version: str = "0.25.0") -> None:
+        self.version = version
         self.calls: list[str] = []
         self.queries: dict[str, str] = {}
         self.extension, self.labels = extension, labels
@@ -52,6 +54,8 @@ class FakeVLLM:
         if name == "finish_weight_update":
             self.active = False
             self.label = body.get("weight_version", self.label)
+        if name == "version":
+            return web.json_response({"version": self.version})
         if name == "weight_info":
             if not self.labels:
                 return web.json_response({"detail": "Not Found"}, status=404)
@@ -122,9 +126,24 @@ async def test_phase_order_and_label(servers):
     await syncer.close()
     assert report.ok and report.synced == [a.url]
     # auto: the server has no worker extension, so vLLM's own flow; /pause already clears the cache
-    assert a.calls == ["init_weight_transfer_engine", "agrpo_direct_load_check", "pause", "start_weight_update",
-                       "update_weights", "update_weights", "finish_weight_update", "resume"]
+    assert a.calls == ["init_weight_transfer_engine", "version", "agrpo_direct_load_check", "pause",
+                       "start_weight_update", "update_weights", "update_weights", "finish_weight_update", "resume"]
     assert a.label == "3"
+
+
+async def test_vllm_flow_pauses_without_the_settle_sleep_from_0_26(servers):
+    a = await servers(version="0.32.0")
+    syncer = WeightSyncer([a.url], NoopTransport(), 5.0, 30.0)
+    await syncer.open()
+    report = await syncer.sync(3, _prepare(3))
+    await syncer.close()
+    assert report.ok and a.label == "3"
+    # /sleep level 0 freezes scheduling (no 20 ms sleep as in /pause); the cache reset after the
+    # update does what /pause's clear_cache did: running requests are recomputed under the new weights
+    assert a.calls[3:] == ["sleep", "start_weight_update", "update_weights", "update_weights",
+                           "finish_weight_update", "reset_prefix_cache", "resume"]
+    assert a.queries["sleep"] == "level=0&mode=keep"
+    assert a.queries["reset_prefix_cache"] == "reset_running_requests=true"
 
 
 async def test_direct_load_when_the_extension_agrees(servers):
@@ -135,8 +154,8 @@ async def test_direct_load_when_the_extension_agrees(servers):
     second = await syncer.sync(4, _prepare(4))
     await syncer.close()
     assert first.ok and second.ok and a.label == "4"
-    assert a.calls[:3] == ["init_weight_transfer_engine", "agrpo_direct_load_check", "weight_info"]
-    assert a.calls[3:] == ["sleep", "agrpo_load_weights", "agrpo_load_weights", "reset_prefix_cache",
+    assert a.calls[:4] == ["init_weight_transfer_engine", "version", "agrpo_direct_load_check", "weight_info"]
+    assert a.calls[4:] == ["sleep", "agrpo_load_weights", "agrpo_load_weights", "reset_prefix_cache",
                            "update_weight_version", "resume"] * 2
     assert a.queries["sleep"] == "level=0&mode=keep"  # frozen, nothing dropped yet
     assert a.queries["reset_prefix_cache"] == "reset_running_requests=true"  # as /pause's clear_cache
