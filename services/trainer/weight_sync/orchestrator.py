@@ -83,6 +83,7 @@ class WeightSyncer:
         self._session: aiohttp.ClientSession | None = None
         self._servers: dict[str, _Server] = {}
         self._prepared: Prepared | None = None
+        self._prepare_s = 0.0  # how long the last payload took to build
 
     async def open(self) -> None:
         # No keep-alive: vLLM's server drops a connection after an unhandled error (a failed
@@ -104,16 +105,19 @@ class WeightSyncer:
         """Build `version`'s payload (in a thread) unless it is built already. With a
         transport that snapshots (`transport.snapshot`), training may go on once this returns."""
         if self._prepared is None or self._prepared.version != version:
+            t0 = time.perf_counter()
             self._prepared = await asyncio.to_thread(prepare)
+            self._prepare_s = time.perf_counter() - t0
 
     async def sync(self, version: int, prepare: Callable[[], Prepared],
                    urls: list[str] | None = None) -> SyncReport:
         """Prepare the payload (in a thread, unless `prepare_now` did) and push it to `urls`
         (default: all)."""
-        t0 = time.perf_counter()
         await self.prepare_now(version, prepare)
+        t0 = time.perf_counter()
         report = SyncReport(version, nbytes=self._prepared.nbytes, uri=self._prepared.uri)
-        report.phase_s["prepare"] = time.perf_counter() - t0
+        # the build's time, once (the loop's prepare_now may have built it a moment earlier)
+        report.phase_s["prepare"], self._prepare_s = self._prepare_s, 0.0
         targets = self.urls if urls is None else urls
         results = await asyncio.gather(*(self._sync_one(u, self._prepared, report) for u in targets),
                                        return_exceptions=True)
@@ -126,7 +130,7 @@ class WeightSyncer:
                 raise res
             else:
                 report.synced.append(url)
-        report.phase_s["total"] = time.perf_counter() - t0
+        report.phase_s["total"] = report.phase_s["prepare"] + time.perf_counter() - t0
         return report
 
     async def _sync_one(self, url: str, prepared: Prepared, report: SyncReport) -> None:
