@@ -101,9 +101,13 @@ class Intake:
         outstanding = sum(s.outstanding for s in self.streams.values())
         return min(self.pace.room(len(self.buffer), outstanding), max(0, self.buffer.free - outstanding))
 
-    def version_published(self, trained: int, carried: int) -> None:
-        """A new version is out: the next generation's room opens (see Pace.published)."""
-        self.pace.published(trained, carried)
+    def version_moved(self, trained: int, carried: int) -> None:
+        """The trainer's version moved: consumption counts against it (Pace.version_moved)."""
+        self.pace.version_moved(trained, carried)
+
+    def version_published(self) -> None:
+        """The new version is in vLLM: the next generation's room opens."""
+        self.pace.version_live()
         self.regrant()
 
     def receive(self, stream: ProducerStream, sample: Sample) -> Outcome:

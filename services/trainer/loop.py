@@ -193,8 +193,9 @@ class TrainerLoop:
         if late:
             self.ledger.release(late)
             self._drop_stale(late)
-        trained, self.trained_at_version = self.trained_at_version, 0
-        push = self._push(version, self.state.step, trained)
+        self.intake.version_moved(self.trained_at_version, self.batcher.num_samples)
+        self.trained_at_version = 0
+        push = self._push(version, self.state.step)
         overlap = self.cfg.trainer.overlap_weight_sync and not self.pace.sync and \
             getattr(self.syncer.transport, "snapshot", False)
         if overlap:
@@ -202,11 +203,11 @@ class TrainerLoop:
         else:
             await push
 
-    async def _push(self, version: int, step: int, trained: int) -> None:
+    async def _push(self, version: int, step: int) -> None:
         report = await self._sync(version)
         self._announce(version, step, report.synced, report.uri)
         # Only now does the next generation's room open: it is generated at this version.
-        self.intake.version_published(trained, self.batcher.num_samples)
+        self.intake.version_published()
 
     async def settle_push(self) -> None:
         """Wait for the push in flight (if any): vLLM must never stay paused mid-update."""

@@ -8,11 +8,11 @@ trained within `max_staleness` of the version it is generated under:
     occupied = credits outstanding (at producers) + buffered + consumed at this version
     room     = min(window, queue_maxsize) - occupied     -> granted as credits
 
-`consumed` counts samples taken from the buffer since the current version was
-published (in open micro-batches or trained). It resets when a version is published
-(to the samples already placed in the next step), and only then does room open up for
-the next generation, so a group dispatched with a fresh credit always starts at the
-newest weights. A sample that leaves without training (dropped, duplicate) frees its
+`consumed` counts samples taken from the buffer since the trainer's version last moved
+(in open micro-batches or trained). It resets when the version moves (to the samples
+already placed in the next step), which with an overlapped push is before the weights are
+in vLLM; room opens only once they are (`version_live`), so a group dispatched with a
+fresh credit always starts at the newest weights. A sample that leaves without training (dropped, duplicate) frees its
 room at once. `per_version` is samples trained per version: nominal
 (batch x grad-accum x weight_sync_steps) until measured, then the smallest of the last
 few versions (an overestimate would let samples go stale). Pure bookkeeping.
@@ -38,6 +38,9 @@ class Pace:
     """trainer.credit_window: a window set by hand instead of the rule."""
     consumed: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=5))
+    holding: bool = False
+    """The trainer's version moved and its weights are on their way to vLLM: no room until
+    they are live (work dispatched now would start at the old weights)."""
 
     @property
     def per_version(self) -> int:
@@ -60,6 +63,8 @@ class Pace:
 
     def room(self, buffered: int, outstanding: int) -> int:
         """Credits that may be granted now."""
+        if self.holding:
+            return 0
         return max(0, self.window - self.consumed - buffered - outstanding)
 
     def consume(self, n: int = 1) -> None:
@@ -73,9 +78,20 @@ class Pace:
     def published(self, trained: int, carried: int) -> None:
         """A version was published after training `trained` samples at the last one;
         `carried` samples already sit in the next step's open micro-batch."""
+        self.version_moved(trained, carried)
+        self.version_live()
+
+    def version_moved(self, trained: int, carried: int) -> None:
+        """The trainer's version moved (its weights were snapshotted for a push): what it
+        consumes from now on counts against the new version. Room waits for version_live."""
         if trained > 0:
             self.recent.append(trained)
         self.consumed = carried
+        self.holding = True
+
+    def version_live(self) -> None:
+        """The new version is in vLLM: its generation's room opens."""
+        self.holding = False
 
     def step_complete(self) -> bool:
         """Sync schedule: the step has everything that was generated for it."""

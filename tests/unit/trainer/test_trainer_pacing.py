@@ -72,6 +72,21 @@ async def test_intake_grants_the_window_and_more_only_after_publish(make_sample)
         pace.consume()
     intake.regrant()
     assert _drain(st) == []
-    intake.version_published(trained=4, carried=0)
+    intake.version_moved(trained=4, carried=0)  # weights snapshotted, still on their way to vLLM
+    intake.regrant()
+    assert _drain(st) == []  # no room until the version is live
+    intake.version_published()
     (msg,) = _drain(st)
     assert msg.credits == 4
+
+
+def test_consumption_during_an_overlapped_push_counts_against_the_new_version():
+    """The next step trains while the push is in flight: what it takes is the new version's,
+    so the room that opens once the weights are live is the window minus that."""
+    pace = Pace(max_staleness=2, nominal_per_version=4, capacity=100, group_size=4)
+    pace.consume(4)
+    pace.version_moved(trained=4, carried=0)
+    assert pace.room(buffered=0, outstanding=0) == 0  # holding: the weights are not in vLLM yet
+    pace.consume(4)  # the next step took its samples during the push
+    pace.version_live()
+    assert pace.room(buffered=0, outstanding=0) == pace.window - 4 == 8
