@@ -27,29 +27,20 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
 
 async def run(args, url: str, model_dir: str, out: Path) -> int:
-    from fuzz_driver import fuzz, serving, start_rollout_rpcs, trained_problems
-    from fuzz_samples import KINDS, FuzzCases
+    from fuzz_driver import fuzz, fuzz_targets, serving, trained_problems
+    from fuzz_samples import KINDS
     from trainer_helpers import make_cfg
-
-    from services.trainer.server import build
 
     mb = args.max_message_mb
     trainer_cfg = make_cfg(model_dir, out, [url], max_steps=10**9, queue_maxsize=64,
                            trainer={"max_message_mb": mb}, log_level="warning")
     rollout_cfg = make_cfg(model_dir, out / "rollout", [], rollout={"port": 0, "metrics_port": None,
                                                                    "max_message_mb": mb})
-    svc = await build(trainer_cfg)
-    await svc.start()
-    rollout = await start_rollout_rpcs(rollout_cfg)
-    try:
-        loop = svc.app.loop
-        vocab = loop.engine.model.get_input_embeddings().num_embeddings
-        cases = FuzzCases(seed=args.seed, vocab_size=vocab, max_tokens=loop.token_budget(),
-                          max_message_bytes=mb << 20)
+    async with fuzz_targets(trainer_cfg, rollout_cfg) as (svc, rollout, make_cases):
+        cases = make_cases(seed=args.seed, max_message_bytes=mb << 20)
         report = await fuzz(svc.port, rollout.port, cases, args.cases, concurrency=args.concurrency)
-        final = await fuzz(svc.port, rollout.port, FuzzCases(
-            seed=args.seed + 1, vocab_size=vocab, max_tokens=loop.token_budget(),
-            weights={k: float(k == "valid") for k in KINDS}), 1)
+        final = await fuzz(svc.port, rollout.port, make_cases(
+            seed=args.seed + 1, weights={k: float(k == "valid") for k in KINDS}), 1)
         checks = {
             "trainer SERVING": await serving(svc.port, "agrpo.v1.TrainerService"),
             "rollout SERVING": await serving(rollout.port, "agrpo.v1.RolloutService"),
@@ -58,9 +49,6 @@ async def run(args, url: str, model_dir: str, out: Path) -> int:
         }
         problems = trained_problems([report, final], svc.app, out)
         status = svc.app.status()
-    finally:
-        await rollout.stop()
-        await svc.stop()
     print(f"\n{args.cases} cases (seed {args.seed}, concurrency {args.concurrency}) in {report.seconds:.1f} s "
           f"({args.cases / report.seconds:.0f} cases/s); trainer at step {status['step']}, "
           f"{status['samples_trained']} samples trained, {status['samples_received']} received\n")

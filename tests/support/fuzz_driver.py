@@ -14,6 +14,8 @@ is too long (`PROBE_ID`), REJECTED at once, so every ack before the probe's is t
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -240,6 +242,24 @@ async def start_rollout_rpcs(cfg):
     svc.port = await svc.grpc_server.start()
     await svc.grpc_server.set_serving(True)
     return svc
+
+
+@contextlib.asynccontextmanager
+async def fuzz_targets(trainer_cfg, rollout_cfg):
+    """A started trainer service and the rollout's gRPC server, plus a `FuzzCases` factory
+    bound to the trainer's vocabulary and token budget; both are stopped on exit."""
+    from services.trainer.server import build
+
+    svc = await build(trainer_cfg)
+    await svc.start()
+    rollout = await start_rollout_rpcs(rollout_cfg)
+    try:
+        loop = svc.app.loop
+        vocab = loop.engine.model.get_input_embeddings().num_embeddings
+        yield svc, rollout, functools.partial(FuzzCases, vocab_size=vocab, max_tokens=loop.token_budget())
+    finally:
+        await rollout.stop()
+        await svc.stop()
 
 
 async def serving(port: int, service: str) -> bool:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from fuzz_driver import fuzz, serving, start_rollout_rpcs, trained_problems
-from fuzz_samples import KINDS, FuzzCases
+from fuzz_driver import fuzz, fuzz_targets, serving, trained_problems
+from fuzz_samples import KINDS
 from trainer_helpers import make_cfg
 
 from agrpo.v1 import common_pb2
 from agrpo.v1 import rollout_service_pb2_grpc as rollout_grpc
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
-from services.trainer.server import build
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 NUM_CASES = 1000
@@ -39,13 +38,8 @@ def fuzz_cfgs(model_dir, output_dir, urls):
 
 async def test_fuzzed_rpcs_reject_bad_input_and_train_only_valid_samples(shared_vllm, tiny_model_dir, tmp_path):
     trainer_cfg, rollout_cfg = fuzz_cfgs(tiny_model_dir, tmp_path, [shared_vllm.base_url])
-    svc = await build(trainer_cfg)
-    await svc.start()
-    rollout = await start_rollout_rpcs(rollout_cfg)
-    try:
-        loop = svc.app.loop
-        vocab = loop.engine.model.get_input_embeddings().num_embeddings
-        cases = FuzzCases(seed=15, vocab_size=vocab, max_tokens=loop.token_budget(), max_message_bytes=1 << 20)
+    async with fuzz_targets(trainer_cfg, rollout_cfg) as (svc, rollout, make_cases):
+        cases = make_cases(seed=15, max_message_bytes=1 << 20)
         report = await fuzz(svc.port, rollout.port, cases, NUM_CASES)
         print(f"\n{NUM_CASES} cases in {report.seconds:.1f} s\n{report.format_table()}")
         assert not report.failures, "\n".join(report.failures[:30])
@@ -55,8 +49,7 @@ async def test_fuzzed_rpcs_reject_bad_input_and_train_only_valid_samples(shared_
         assert await serving(svc.port, "agrpo.v1.TrainerService")
         assert await serving(rollout.port, "agrpo.v1.RolloutService")
         assert svc.failed is None and not svc._run_task.done()
-        last = FuzzCases(seed=16, vocab_size=vocab, max_tokens=loop.token_budget(),
-                         weights={k: float(k == "valid") for k in KINDS})
+        last = make_cases(seed=16, weights={k: float(k == "valid") for k in KINDS})
         final = await fuzz(svc.port, rollout.port, last, 1)
         assert not final.failures and final.got == {0: "TRAINED"}, final.failures
         async with grpc.aio.insecure_channel(f"127.0.0.1:{svc.port}") as ch:
@@ -69,6 +62,3 @@ async def test_fuzzed_rpcs_reject_bad_input_and_train_only_valid_samples(shared_
 
         # Nothing but valid samples trained (audit log, ledger), and the weights are finite.
         assert trained_problems([report, final], svc.app, tmp_path) == []
-    finally:
-        await rollout.stop()
-        await svc.stop()
