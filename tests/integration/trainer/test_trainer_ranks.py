@@ -150,6 +150,19 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
     return None
 
 
+def _feed_until_exit(proc, port: int, samples, limit_s: float = 300) -> None:
+    """Send `samples` to a started trainer and wait until it exits by itself (SIGKILL if not)."""
+    async def feed():
+        producer = await _feed(port, samples)
+        await _until_exit(proc, limit_s)
+        await producer.close()
+    try:
+        asyncio.run(feed())
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_losing_a_rank_stops_the_trainer_a_restart_resumes_and_one_rank_continues(shared_vllm, tiny_model_dir, tmp_path):
     path, port = _config(tmp_path, tiny_model_dir, shared_vllm.base_url, 2, max_steps=6, save_steps=1)
     samples = rollout_samples(6 * BATCH // 4, 4, version=0, seed=6)
@@ -182,16 +195,7 @@ def test_losing_a_rank_stops_the_trainer_a_restart_resumes_and_one_rank_continue
     assert "ranks behind: [1]" in first_log or re.search(
         r"rank\s*: 1 \(local_rank: 1\)\s*exitcode\s*: -9", first_log), first_log[-3000:]
     again = _start(path, tmp_path / "again.log")  # same run_id: resumes its latest checkpoint
-
-    async def rest():
-        producer = await _feed(port, samples)  # re-sent: the trained ones come back DUPLICATE
-        await _until_exit(again, 300)
-        await producer.close()
-    try:
-        asyncio.run(rest())
-    finally:
-        if again.poll() is None:
-            os.killpg(again.pid, signal.SIGKILL)
+    _feed_until_exit(again, port, samples)  # re-sent: the trained ones come back DUPLICATE
     assert again.returncode == 0, (tmp_path / "again.log").read_text()[-4000:]
     assert "restart of run" in (tmp_path / "again.log").read_text()
     verdict = verify(tmp_path / "out" / "trained_samples.jsonl", max_staleness=4)
@@ -199,17 +203,7 @@ def test_losing_a_rank_stops_the_trainer_a_restart_resumes_and_one_rank_continue
     # The 2-rank run's checkpoint resumes on one rank (DCP reshards on load): two more steps.
     path, port = _config(tmp_path, tiny_model_dir, shared_vllm.base_url, 1, max_steps=8, save_steps=1)
     one = _start(path, tmp_path / "one.log")
-
-    async def on_one_rank():
-        producer = await _feed(port, rollout_samples(2 * BATCH // 4, 4, version=0, seed=7, start_index=100,
-                                                     prefix="t"))
-        await _until_exit(one, 300)
-        await producer.close()
-    try:
-        asyncio.run(on_one_rank())
-    finally:
-        if one.poll() is None:
-            os.killpg(one.pid, signal.SIGKILL)
+    _feed_until_exit(one, port, rollout_samples(2 * BATCH // 4, 4, version=0, seed=7, start_index=100, prefix="t"))
     assert one.returncode == 0, (tmp_path / "one.log").read_text()[-4000:]
     verdict = verify(tmp_path / "out" / "trained_samples.jsonl", max_staleness=4)
     assert verdict.ok and verdict.steps == 8, verdict.line()
