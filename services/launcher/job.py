@@ -142,10 +142,11 @@ class Job:
             time.sleep(0.5)
 
     def _poll_status(self, rollout: bool = False) -> bool:
-        """Refresh the statuses (rollout every 5 s, or now); True once the trainer says DONE."""
+        """Refresh the statuses (rollout every second, or now: its last answer before it exits is what
+        the summary counts as generated); True once the trainer says DONE."""
         trainer = get_status(f"127.0.0.1:{self.cfg.trainer.port}", "trainer")
         self.status["trainer"] = trainer or self.status["trainer"]
-        if rollout or time.monotonic() - self._rollout_polled > 5.0:
+        if rollout or time.monotonic() - self._rollout_polled > 1.0:
             self.status["rollout"] = get_status(f"127.0.0.1:{self.cfg.rollout.port}", "rollout") or \
                 self.status["rollout"]
             self._rollout_polled = time.monotonic()
