@@ -104,6 +104,18 @@ def init(world: World, timeout_s: float, use_cuda: bool, fsdp: bool = False) -> 
     log.info("rank %d of %d joined (%s)", world.rank, world.size, "nccl" if use_cuda else "gloo")
 
 
+def leave(code: int) -> int:
+    """Destroy the process group before the interpreter exits: left to finalization, gloo's
+    worker threads can abort the process (SIGABRT, "terminate called without an active
+    exception") after a clean stop. Only on a clean exit: a broken group may not tear down."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if code == 0 and dist is not None and dist.is_initialized():
+        dist.destroy_process_group()
+    return code
+
+
 def _die_with_launcher() -> None:
     """Under torchrun each rank has a session of its own, so a SIGKILL of the launcher's
     process group (agrpo run's second Ctrl-C) misses it: it dies with its parent instead."""

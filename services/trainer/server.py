@@ -179,6 +179,6 @@ def main(cfg: AgrpoConfig) -> int:
         ranks.init(world, cfg.trainer.collective_timeout_s, torch.cuda.is_available() and not cfg.use_cpu,
                    ranks.sharded(cfg))
     if not world.leader:
-        return ranks.follow(cfg, world)
+        return ranks.leave(ranks.follow(cfg, world))
     Path(cfg.resolved_output_dir).mkdir(parents=True, exist_ok=True)
-    return asyncio.run(serve(cfg, world))
+    return ranks.leave(asyncio.run(serve(cfg, world)))

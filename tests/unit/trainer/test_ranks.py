@@ -65,3 +65,19 @@ def test_silent_ranks_are_those_that_stop_beating_while_idle(store, monkeypatch)
     assert group.silent(30) == [2]
     group._busy = True  # inside a command nobody beats: not a sign of trouble
     assert group.silent(30) == []
+
+
+def test_a_clean_exit_destroys_the_process_group_a_failed_one_leaves_it(monkeypatch):
+    import torch.distributed as dist
+
+    from services.common.vllm_process import free_port
+
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(key, value)
+    dist.init_process_group("gloo")
+    try:
+        assert ranks.leave(1) == 1 and dist.is_initialized()  # a broken group is not torn down
+        assert ranks.leave(0) == 0 and not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
