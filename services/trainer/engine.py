@@ -27,7 +27,7 @@ from functools import partial
 import torch
 
 from . import tree_attention
-from .loss import LossConfig, chunked_logprobs, normalised_loss, per_term_loss, policy_stats
+from .loss import LossConfig, at_least_fp32, chunked_logprobs, normalised_loss, per_term_loss, policy_stats
 from .packing import MicroBatch, PackedRow
 
 
@@ -196,8 +196,8 @@ class Engine:
         labels = torch.tensor(row.labels, device=self.device)
         weight, bias = head.weight, getattr(head, "bias", None)
         if self.cfg.fp32_head:  # logits in fp32 (GRPOConfig's cast_lm_head_to_fp32): less mismatch
-            hidden, weight = hidden.float(), weight.float()
-            bias = None if bias is None else bias.float()
+            hidden, weight = at_least_fp32(hidden), at_least_fp32(weight)
+            bias = None if bias is None else at_least_fp32(bias)
         return self.logprobs(hidden, weight, labels, self.cfg.loss.temperature, self.cfg.vocab_chunk, bias)
 
     def row_loss(self, row: PackedRow, global_terms: int, world: int, grad_accum: int = 1,

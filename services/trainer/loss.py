@@ -33,12 +33,17 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """Half precision up to float32; float32 and float64 as they are."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
 def _chunk_lse(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                temperature: float) -> torch.Tensor:
     logits = hidden @ weight.T
     if bias is not None:
         logits = logits + bias
-    return torch.logsumexp(logits.float() / temperature, dim=-1)
+    return torch.logsumexp(at_least_fp32(logits) / temperature, dim=-1)
 
 
 def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
@@ -49,13 +54,13 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.T
     hidden [N, H], weight [V, H], labels [N]. Gradients flow through the logprob only.
     """
     if hidden.shape[0] == 0:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
+        empty = at_least_fp32(hidden.new_zeros(0))
         return empty, empty
     temperature = temperature or 1.0
     target = (hidden * weight[labels]).sum(-1)
     if bias is not None:
         target = target + bias[labels]
-    target = target.float() / temperature
+    target = at_least_fp32(target) / temperature
     parts = []
     for start in range(0, weight.shape[0], chunk_size):
         w = weight[start:start + chunk_size]
@@ -78,7 +83,7 @@ def _entropy(hidden, weight, bias, lse, temperature, chunk_size) -> torch.Tensor
         logits = hidden @ weight[start:start + chunk_size].T
         if bias is not None:
             logits = logits + bias[start:start + chunk_size]
-        logits = logits.float() / temperature
+        logits = at_least_fp32(logits) / temperature
         expected += (torch.exp(logits - lse[:, None]) * logits).sum(-1)
     return lse - expected
 

@@ -17,7 +17,8 @@ from services.common.logging import get_logger
 
 log = get_logger("trainer.model")
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+           "float64": torch.float64}
 
 
 def pick_device(cfg: AgrpoConfig) -> torch.device:
@@ -28,12 +29,12 @@ def pick_device(cfg: AgrpoConfig) -> torch.device:
 
 
 def load_dtype(cfg: AgrpoConfig, device: torch.device) -> torch.dtype | str:
-    """cfg.dtype (model_init_kwargs['dtype'] wins); half precision only off CPU."""
+    """cfg.dtype (model_init_kwargs['dtype'] wins); half precision only off CPU, float64 only on it."""
     name = (cfg.model_init_kwargs or {}).get("dtype", cfg.dtype)
     if name == "auto":
         return "auto" if device.type != "cpu" else torch.float32
     dtype = _DTYPES[name] if isinstance(name, str) else name
-    if device.type == "cpu" and dtype != torch.float32:
+    if device.type == "cpu" and dtype not in (torch.float32, torch.float64):
         log.warning("dtype %s requested on CPU: training in float32", dtype)
         return torch.float32
     return dtype

@@ -177,8 +177,9 @@ class GRPOArgs(BaseModel):
     """Kept for TRL parity; rollout resumes from the trainer's ledger instead."""
 
     # TRL 1.16.0 additions
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "float32"
-    """Dtype the trainer loads the model in (TRL 1.16.0); bf16 autocast still applies."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32", "float64"] = "float32"
+    """Dtype the trainer loads the model in (TRL 1.16.0); bf16 autocast still applies. float64
+    (ours, CPU only) for exactness checks: no rounding for a reordered sum to amplify."""
     weight_sync_timeout: float = Field(1800, gt=0)
     """Seconds allowed for one whole weight sync (TRL 1.16.0)."""
 
