@@ -69,13 +69,15 @@ def run_numbers(summary: dict, rows: list[dict], warmup: int, group_size: int, g
             "max_trained_staleness": summary.get("max_trained_staleness")}
 
 
-def run_one(name: str, schedule: str, staleness: int, seed: int, a) -> dict:
+def run_one(name: str, schedule: str, staleness: int, seed: int, a, variant: dict | None = None) -> dict:
+    from services.common.config.loader import merge
     from services.demo import report, runner
 
     out = a.out / name
-    extra = json.loads(a.set or "{}")
-    overrides = {"token_budget": 0, "seed": seed, **extra,
-                 "trainer": {**extra.get("trainer", {}), "schedule": schedule}}
+    overrides = {"token_budget": 0, "seed": seed}
+    for extra in (json.loads(a.set or "{}"), variant or {}):
+        merge(overrides, extra)
+    merge(overrides, {"trainer": {"schedule": schedule}})
     opts = runner.DemoOptions(steps=a.steps, num_prompts=a.num_prompts, out=out, cache=a.cache,
                               max_staleness=staleness, learning_rate=a.learning_rate, overrides=overrides,
                               cpus={} if a.no_pin else dict(kv.split("=") for kv in a.pin.split(",")))
@@ -83,7 +85,7 @@ def run_one(name: str, schedule: str, staleness: int, seed: int, a) -> dict:
     summary = runner.run(opts)
     rows = report.read_steps(out / "metrics.jsonl")
     return {"name": name, "schedule": schedule, "max_staleness": staleness, "seed": seed,
-            **run_numbers(summary, rows, a.warmup, 8, a.good)}
+            "variant": name.rsplit("_seed", 1)[0], **run_numbers(summary, rows, a.warmup, 8, a.good)}
 
 
 def _pct(v) -> str:
@@ -121,15 +123,14 @@ def table(results: list[dict]) -> list[str]:
 def aggregate(results: list[dict], good: float) -> list[str]:
     """Mean +- std over seeds, per schedule and staleness."""
     lines = []
-    keys = sorted({(r["schedule"], r["max_staleness"]) for r in results})
-    for schedule, s in keys:
-        runs = [r for r in results if (r["schedule"], r["max_staleness"]) == (schedule, s)]
+    for variant in dict.fromkeys(r["variant"] for r in results):
+        runs = [r for r in results if r["variant"] == variant]
         if len(runs) < 2:
             continue
         rew = [r["reward_last10"] for r in runs if r["reward_last10"] is not None]
         good = [r["time_to_good_s"] for r in runs]
         reached = [g for g in good if g is not None]
-        lines.append(f"{schedule} s={s}: last-10 reward {statistics.fmean(rew):.3f} +- {statistics.pstdev(rew):.3f} "
+        lines.append(f"{variant}: last-10 reward {statistics.fmean(rew):.3f} +- {statistics.pstdev(rew):.3f} "
                      f"(n={len(rew)}) | time to reward {good}: "
                      + (f"{statistics.fmean(reached):.1f} +- {statistics.pstdev(reached):.1f} s "
                         f"({len(reached)}/{len(good)} runs reached it)" if reached else "not reached"))
@@ -182,17 +183,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--learning-rate", type=float, default=None)
     p.add_argument("--good", type=float, default=0.9, help="the reward whose first arrival is timed")
     p.add_argument("--set", default=None, help='extra config as JSON, e.g. \'{"tis_cap": 2}\'')
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                   help="also run every async staleness with this extra config (repeatable), "
+                        "e.g. 'cw24={\"trainer\": {\"credit_window\": 24}}'")
     p.add_argument("--pin", default="vllm=0,rollout=1,reward=1,trainer=1",
                    help="service=cores for taskset (default: vLLM alone on core 0, the rest on core 1)")
     p.add_argument("--no-pin", action="store_true", help="do not pin vLLM and the trainer to cores")
     p.add_argument("--out", type=Path, default=Path("bench_output/async_speedup"))
     p.add_argument("--cache", type=Path, default=Path(".cache"))
     a = p.parse_args(argv)
+    variants = [(v.split("=", 1)[0], json.loads(v.split("=", 1)[1])) for v in a.variant]
     results = []
     for seed in [int(x) for x in a.seeds.split(",")]:
         results.append(run_one(f"sync_seed{seed}", "sync", 0, seed, a))
         for s in [int(x) for x in a.staleness.split(",") if x]:
             results.append(run_one(f"async_s{s}_seed{seed}", "async", s, seed, a))
+            for name, variant in variants:
+                results.append(run_one(f"async_s{s}_{name}_seed{seed}", "async", s, seed, a, variant))
         (a.out / "speedup.json").write_text(json.dumps(results, indent=2))
     print("\n".join(table(results) + aggregate(results, a.good)))
     path = plot(results, a.out)

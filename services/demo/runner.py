@@ -25,6 +25,7 @@ from services.common.vllm_process import VLLMServer, free_port, supports_scale_o
 from . import gpu as gpu_mode
 from . import models, report
 from services.common.config import load_config
+from services.common.config.loader import merge
 from services.launcher.job import Job, JobOptions
 from services.launcher.progress import StepFollower
 from .task import write_arithmetic_dataset
@@ -79,15 +80,6 @@ def _service_env(opts: DemoOptions, service: str) -> dict[str, str]:
     return env
 
 
-def _merge(base: dict, extra: dict) -> None:
-    """Nested dicts merge key by key; anything else replaces."""
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = value
-
-
 def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str) -> Path:
     """The one config file all three services read."""
     ports = {svc: free_port() for svc in ("trainer", "rollout", "reward")}
@@ -106,7 +98,7 @@ def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str) 
         "rollout": {"port": ports["rollout"], "metrics_port": None},
         "reward": {"port": ports["reward"], "metrics_port": None, "num_workers": 1},
     }
-    _merge(cfg, opts.overrides)
+    merge(cfg, opts.overrides)
     path = opts.out / "agrpo.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path

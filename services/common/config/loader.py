@@ -41,7 +41,7 @@ def load_config(argv: Sequence[str] = (), env: Mapping[str, str] | None = None) 
                ("environment", _from_env(env)), ("command line", flags)]
     raw: dict[str, Any] = {}
     for _, part in sources:
-        _merge(raw, part)
+        merge(raw, part)
     raw, errors = check_unsupported(raw)
     if errors:
         raise ConfigError("; ".join(errors))
@@ -157,9 +157,10 @@ def _set_path(out: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> None:
+def merge(base: dict[str, Any], override: dict[str, Any]) -> None:
+    """Nested sections merge key by key; anything else replaces."""
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
+            merge(base[key], value)
         else:
             base[key] = value
