@@ -35,11 +35,16 @@ def _vals(rows: list[dict], key: str) -> list[float]:
     return [float(r[key]) if isinstance(r.get(key), (int, float)) else 0.0 for r in rows]
 
 
-def time_to_reward(rows: list[dict], good: float, window: int = 10) -> float | None:
-    """Seconds from the first step's start until the trailing `window`-step mean reward >= good."""
+def time_to_reward(rows: list[dict], good: float, window: int = 10, after_first: bool = False) -> float | None:
+    """Seconds until the trailing `window`-step mean reward >= good: from the trainer's start
+    (its wait for the first step's samples included), or with `after_first` from the end of the
+    first step, which leaves out the start-up both schedules share (rollout loading the dataset
+    and connecting, vLLM's first requests: 5-7 s of the first step's wait on 2 cores)."""
     if not rows:
         return None
     t0 = rows[0]["time"] - float(rows[0].get("perf/step_s", 0)) - float(rows[0].get("perf/wait_s", 0))
+    if after_first:
+        t0 = rows[0]["time"]
     rewards = _vals(rows, "reward")
     for i in range(window - 1, len(rows)):
         if statistics.fmean(rewards[i - window + 1:i + 1]) >= good:
@@ -66,6 +71,7 @@ def run_numbers(summary: dict, rows: list[dict], warmup: int, group_size: int, g
             "stale_share": share, "stale_samples": stale,
             "generated": generated, "aborted_in_flight": drops.get("stale_inflight", 0),
             "reward_last10": summary.get("reward_last10"), "time_to_good_s": time_to_reward(rows, good),
+            "time_to_good_after_first_s": time_to_reward(rows, good, after_first=True),
             "max_trained_staleness": summary.get("max_trained_staleness")}
 
 
@@ -96,7 +102,7 @@ def table(results: list[dict]) -> list[str]:
     """One line per run; async runs against the sync run of the same seed."""
     sync = {r["seed"]: r for r in results if r["schedule"] == "sync"}
     head = ("run                    step_s    Tg    Tt  ideal ideal_ws speedup  share  tr_idle%  gen_idle%  stale%  "
-            "reward10  t_good_s")
+            "reward10  t_good_s  after_1st_s")
     lines = [head, "-" * len(head)]
     for r in results:
         base = sync.get(r["seed"])
@@ -116,24 +122,35 @@ def table(results: list[dict]) -> list[str]:
             f"{speedup if speedup else float('nan'):7.2f} "
             f"{_pct(share):>6} {_pct(r['trainer_idle']):>9} {_pct(r['generation_idle']):>10} "
             f"{_pct(r['stale_share']):>7} {r['reward_last10'] or float('nan'):9.3f} "
-            f"{t_good if t_good is not None else float('nan'):9.1f}")
+            f"{t_good if t_good is not None else float('nan'):9.1f} "
+            f"{r['time_to_good_after_first_s'] if t_good is not None else float('nan'):12.1f}")
     return lines
 
 
+def _mean_std(values: list) -> tuple[float, float, int] | None:
+    reached = [v for v in values if v is not None]
+    return (statistics.fmean(reached), statistics.pstdev(reached), len(reached)) if reached else None
+
+
 def aggregate(results: list[dict], good: float) -> list[str]:
-    """Mean +- std over seeds, per schedule and staleness."""
-    lines = []
+    """Mean +- std over seeds per variant: last-10 reward, time to the reward from the trainer's
+    start and from the end of the first step, and both against sync."""
+    lines, means = [], {}
     for variant in dict.fromkeys(r["variant"] for r in results):
         runs = [r for r in results if r["variant"] == variant]
         if len(runs) < 2:
             continue
         rew = [r["reward_last10"] for r in runs if r["reward_last10"] is not None]
-        good = [r["time_to_good_s"] for r in runs]
-        reached = [g for g in good if g is not None]
-        lines.append(f"{variant}: last-10 reward {statistics.fmean(rew):.3f} +- {statistics.pstdev(rew):.3f} "
-                     f"(n={len(rew)}) | time to reward {good}: "
-                     + (f"{statistics.fmean(reached):.1f} +- {statistics.pstdev(reached):.1f} s "
-                        f"({len(reached)}/{len(good)} runs reached it)" if reached else "not reached"))
+        line = f"{variant}: last-10 reward {statistics.fmean(rew):.3f} +- {statistics.pstdev(rew):.3f} (n={len(rew)})"
+        for key, label in (("time_to_good_s", "time to reward"), ("time_to_good_after_first_s", "after the 1st step")):
+            stats = _mean_std([r[key] for r in runs])
+            means[variant, key] = stats[0] if stats else None
+            line += (f" | {label} {stats[0]:.1f} +- {stats[1]:.1f} s ({stats[2]}/{len(runs)} reached it)"
+                     if stats else f" | {label}: not reached")
+            base = means.get(("sync", key))
+            if stats and base and variant != "sync":
+                line += f", {stats[0] / base:.2f}x of sync"
+        lines.append(line)
     return lines
 
 

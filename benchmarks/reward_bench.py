@@ -24,6 +24,10 @@ status code, how long refusals took, and the goodput: OK scores per second answe
 within the deadline, after the first `--warmup` seconds, against capacity. The server keeps its default `reward.max_queue` unless `--max-queue` is given:
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/reward_bench.py --overload 10 --duration 45
+
+On a small machine the load generator's CPU is taken from the server it measures (at 10x it
+sends ten times the calls it sends at capacity): `--server-cpus 0 --client-cpus 1` gives each
+its own cores, as when the load comes from other machines.
 """
 
 from __future__ import annotations
@@ -120,14 +124,15 @@ def row(mode: str, concurrency: int, items: int, wall: float, lat: list[float]) 
     return f"| {mode:<8} | {concurrency:>11} | {items / wall:>9.1f} | {p50:>8.1f} | {p99:>8.1f} |"
 
 
-def start_server(workers: int, max_queue: int | None = 1024) -> tuple[subprocess.Popen, int]:
-    """`agrpo reward` on a free port; returns once it reports SERVING."""
+def start_server(workers: int, max_queue: int | None = 1024, cpus: str | None = None) -> tuple[subprocess.Popen, int]:
+    """`agrpo reward` on a free port (on `cpus` only, by taskset); returns once it reports SERVING."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     queue = ["--reward.max_queue", str(max_queue)] if max_queue else []
+    pin = ["taskset", "-c", cpus] if cpus else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "reward", "--reward.port", str(port),
+        [*pin, sys.executable, "-m", "services.cli", "reward", "--reward.port", str(port),
          "--reward.metrics_port", "null", "--reward.num_workers", str(workers), *queue,
          "--reward_funcs", json.dumps([{"name": "accuracy"}])],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -215,7 +220,9 @@ def overload_report(results: list[tuple[str, float, float, int]], capacity: floa
 
 async def overload(args: argparse.Namespace) -> None:
     """Capacity in a closed loop, then `args.overload` times it in an open loop."""
-    proc, port = start_server(args.workers, args.max_queue)
+    proc, port = start_server(args.workers, args.max_queue, args.server_cpus)
+    if args.client_cpus:  # the load generator: on cores of its own, like another machine's
+        os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
     channel = open_channel(f"localhost:{port}", [SERVICE], deadline_s=120)
     stub = reward_grpc.RewardServiceStub(channel)
     try:
@@ -227,7 +234,8 @@ async def overload(args: argparse.Namespace) -> None:
         capacity = await closed_loop(stub, fresh, concurrency, args.duration)
         rate = args.overload * capacity / args.group
         print(f"accuracy_reward, style={args.style}, groups of {args.group}, {args.workers} workers, "
-              f"{os.cpu_count()} CPUs, max_queue {args.max_queue or 'default'}")
+              f"{os.cpu_count()} CPUs, max_queue {args.max_queue or 'default'}, server on cores "
+              f"{args.server_cpus or 'all'}, load generator on {args.client_cpus or 'all'}")
         print(f"capacity {capacity:.1f} scores/s ({concurrency} callers, closed loop); sending "
               f"{rate:.1f} requests/s ({args.overload:g}x) for {args.duration:g} s, "
               f"deadline {args.deadline:g} s")
@@ -300,4 +308,6 @@ if __name__ == "__main__":
                         help="seconds of the overload phase left out of the goodput")
     parser.add_argument("--max-queue", type=int, default=None,
                         help="overload: the server's reward.max_queue (default: the server's)")
+    parser.add_argument("--server-cpus", default=None, help="overload: taskset cores of the server, e.g. 0")
+    parser.add_argument("--client-cpus", default=None, help="overload: cores of the load generator, e.g. 1")
     asyncio.run(main(parser.parse_args()))

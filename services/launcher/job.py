@@ -65,7 +65,8 @@ class Job:
 
     # Start-up
     def start(self) -> None:
-        """Preflight, vLLM, then reward -> trainer -> rollout, each once healthy."""
+        """Preflight, vLLM, then reward, trainer and rollout started together (their imports and
+        loading overlap; each connects to the others when they serve) and waited for in order."""
         check_job(self.cfg)
         self.trainer_gpus = self._trainer_gpus()
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -83,7 +84,8 @@ class Job:
             self.services[name] = Supervised(proc, policy, say=self.say)
             self.say(f"[run] starting {name}")
             self.services[name].start()
-            section = getattr(self.cfg, name)
+        for name in ORDER:
+            proc, section = self.services[name].process, getattr(self.cfg, name)
             try:
                 proc.wait_healthy(f"127.0.0.1:{section.port}", "", self.cfg.launcher.ready_timeout_s)
             except RuntimeError:
