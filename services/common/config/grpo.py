@@ -203,7 +203,9 @@ class GRPOArgs(BaseModel):
     vllm_importance_sampling_cap: float | None = Field(None, gt=0)
     """Deprecated in TRL 1.16.0: the same as vllm_importance_sampling_clip_max."""
     cast_lm_head_to_fp32: bool = False
-    """Compute the trainer's logprobs with an fp32 LM head (less trainer/vLLM mismatch in bf16)."""
+    """Compute the trainer's logprobs with an fp32 LM head (less trainer/vLLM mismatch) when the
+    weights are bf16 (`dtype: bfloat16`). With fp32 weights (the default) the head already runs
+    in fp32 under bf16 autocast, and this changes nothing (measured on an H200, docs/gpu.md)."""
 
     # agrpo extensions
     vllm_server_base_urls: list[str] | None = None
