@@ -9,6 +9,8 @@ import sys
 from collections import deque
 from pathlib import Path
 
+from services.common.lifetime import dying_with_this_process
+
 
 class ServiceProcess:
     """One `agrpo <service>` process in its own process group, logging to a file."""
@@ -26,8 +28,8 @@ class ServiceProcess:
         """Start in a new session so stop() can reach every child."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(dying_with_this_process(self.argv), env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         return self
 
     def alive(self) -> bool:
