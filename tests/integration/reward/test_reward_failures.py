@@ -96,3 +96,15 @@ async def test_idle_worker_that_died_is_replaced_before_the_next_call():
         ((status, new_pid),) = column(await stub.Score(request([item("b")], "worker_pid")),
                                       "worker_pid")
         assert status == OK and new_pid != pid
+
+
+async def test_workers_score_at_a_lower_cpu_priority_than_the_front():
+    # C8: under overload the front must keep the CPU to refuse at once (refusals took 2 s at p50).
+    from services.reward.worker import WORKER_NICENESS
+
+    cfg = make_cfg([{"name": f"{U}:worker_pid"}], num_workers=1)
+    async with running(cfg) as srv, client(srv.port) as stub:
+        ((status, pid),) = column(await stub.Score(request([item("a")], "worker_pid")), "worker_pid")
+        assert status == OK
+        front = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, int(pid)) == min(front + WORKER_NICENESS, 19)
