@@ -188,8 +188,8 @@ class VLLMServer:
         t0 = time.monotonic()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(dying_with_this_process(self.command()), env=self.env(), cwd=self.workdir, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(dying_with_this_process(self.command()), env=self.env(), cwd=self.workdir,
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)  # own process group for stop()
         try:
             self._wait_healthy(t0 + self.startup_timeout)

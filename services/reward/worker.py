@@ -23,10 +23,10 @@ from typing import Any
 from services.common.lifetime import die_with_parent
 
 from .deadline import call_budget
+from .registry import FunctionSpec, invoke, load
 
 WORKER_NICENESS = 10
 """Added to a worker's niceness: the server's front (admission, refusals, answers) runs first."""
-from .registry import FunctionSpec, invoke, load
 
 
 def _reason(exc: BaseException) -> str:
