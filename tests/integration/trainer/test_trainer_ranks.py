@@ -106,12 +106,7 @@ def _run(tmp: Path, model_dir, url: str, nproc: int, nodes: int = 1):
         for proc in procs:
             await _until_exit(proc, 300)
         await producer.close()
-    try:
-        asyncio.run(train())
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+    _run_reaping(train(), *procs)
     assert [p.returncode for p in procs] == [0] * nodes, (tmp / "trainer.log").read_text()[-4000:]
     return _losses(tmp / "out"), _weights(tmp / "out" / f"checkpoint-{STEPS}")
 
@@ -153,17 +148,24 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
     return None
 
 
+def _run_reaping(coro, *procs: subprocess.Popen) -> None:
+    """asyncio.run(coro), then SIGKILL whichever of `procs` still runs (a failed wait must not
+    leave a trainer behind)."""
+    try:
+        asyncio.run(coro)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
 def _feed_until_exit(proc, port: int, samples, limit_s: float = 300) -> None:
     """Send `samples` to a started trainer and wait until it exits by itself (SIGKILL if not)."""
     async def feed():
         producer = await _feed(port, samples)
         await _until_exit(proc, limit_s)
         await producer.close()
-    try:
-        asyncio.run(feed())
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    _run_reaping(feed(), proc)
 
 
 def test_losing_a_rank_stops_the_trainer_a_restart_resumes_and_one_rank_continues(shared_vllm, tiny_model_dir, tmp_path):
@@ -186,11 +188,7 @@ def test_losing_a_rank_stops_the_trainer_a_restart_resumes_and_one_rank_continue
         await _until_exit(proc, 120)
         kill_to_exit = time.monotonic() - t_kill
         await producer.close()
-    try:
-        asyncio.run(first_run())
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    _run_reaping(first_run(), proc)
     assert kill_to_exit < 60 and proc.returncode != 0, (kill_to_exit, proc.returncode)
     # The log names the lost rank: rank 0's own line when a command found it gone, else (rank 0
     # idle when torchrun's agent saw rank 1 die and stopped the group) torchrun's failure report.
