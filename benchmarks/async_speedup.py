@@ -38,13 +38,13 @@ def _vals(rows: list[dict], key: str) -> list[float]:
 def time_to_reward(rows: list[dict], good: float, window: int = 10, after_first: bool = False) -> float | None:
     """Seconds until the trailing `window`-step mean reward >= good: from the trainer's start
     (its wait for the first step's samples included), or with `after_first` from the end of the
-    first step, which leaves out the start-up both schedules share (rollout loading the dataset
-    and connecting, vLLM's first requests: 5-7 s of the first step's wait on 2 cores)."""
+    first step, which leaves out the start-up both schedules share (rollout connecting, the
+    first batch)."""
     if not rows:
         return None
-    t0 = rows[0]["time"] - float(rows[0].get("perf/step_s", 0)) - float(rows[0].get("perf/wait_s", 0))
-    if after_first:
-        t0 = rows[0]["time"]
+    first = rows[0]
+    t0 = first["time"] if after_first else \
+        first["time"] - float(first.get("perf/step_s", 0)) - float(first.get("perf/wait_s", 0))
     rewards = _vals(rows, "reward")
     for i in range(window - 1, len(rows)):
         if statistics.fmean(rewards[i - window + 1:i + 1]) >= good:
@@ -75,10 +75,12 @@ def run_numbers(summary: dict, rows: list[dict], warmup: int, group_size: int, g
             "max_trained_staleness": summary.get("max_trained_staleness")}
 
 
-def run_one(name: str, schedule: str, staleness: int, seed: int, a, variant: dict | None = None) -> dict:
+def run_one(label: str, schedule: str, staleness: int, seed: int, a, variant: dict | None = None) -> dict:
+    """One demo run, `label`_seed`seed`: sync, async, or async with a variant's extra config."""
     from services.common.config.loader import merge
     from services.demo import report, runner
 
+    name = f"{label}_seed{seed}"
     out = a.out / name
     overrides = {"token_budget": 0, "seed": seed}
     for extra in (json.loads(a.set or "{}"), variant or {}):
@@ -91,7 +93,11 @@ def run_one(name: str, schedule: str, staleness: int, seed: int, a, variant: dic
     summary = runner.run(opts)
     rows = report.read_steps(out / "metrics.jsonl")
     return {"name": name, "schedule": schedule, "max_staleness": staleness, "seed": seed,
-            "variant": name.rsplit("_seed", 1)[0], **run_numbers(summary, rows, a.warmup, 8, a.good)}
+            "variant": label, **run_numbers(summary, rows, a.warmup, 8, a.good)}
+
+
+def _or_nan(v: float | None) -> float:
+    return float("nan") if v is None else v
 
 
 def _pct(v) -> str:
@@ -115,15 +121,14 @@ def table(results: list[dict]) -> list[str]:
             if r["schedule"] == "async":
                 speedup = base["step_s"] / r["step_s"]
                 share = speedup / ideal if ideal else None
-        t_good = r["time_to_good_s"]
         lines.append(
             f"{r['name']:<22} {r['step_s']:6.2f} {r['tg']:5.2f} {r['tt']:5.2f} "
             f"{ideal if ideal else float('nan'):6.2f} {ideal_ws if ideal_ws else float('nan'):8.2f} "
             f"{speedup if speedup else float('nan'):7.2f} "
             f"{_pct(share):>6} {_pct(r['trainer_idle']):>9} {_pct(r['generation_idle']):>10} "
             f"{_pct(r['stale_share']):>7} {r['reward_last10'] or float('nan'):9.3f} "
-            f"{t_good if t_good is not None else float('nan'):9.1f} "
-            f"{r['time_to_good_after_first_s'] if t_good is not None else float('nan'):12.1f}")
+            f"{_or_nan(r['time_to_good_s']):9.1f} "
+            f"{_or_nan(r['time_to_good_after_first_s']):12.1f}")
     return lines
 
 
@@ -212,11 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     variants = [(v.split("=", 1)[0], json.loads(v.split("=", 1)[1])) for v in a.variant]
     results = []
     for seed in [int(x) for x in a.seeds.split(",")]:
-        results.append(run_one(f"sync_seed{seed}", "sync", 0, seed, a))
+        results.append(run_one("sync", "sync", 0, seed, a))
         for s in [int(x) for x in a.staleness.split(",") if x]:
-            results.append(run_one(f"async_s{s}_seed{seed}", "async", s, seed, a))
+            results.append(run_one(f"async_s{s}", "async", s, seed, a))
             for name, variant in variants:
-                results.append(run_one(f"async_s{s}_{name}_seed{seed}", "async", s, seed, a, variant))
+                results.append(run_one(f"async_s{s}_{name}", "async", s, seed, a, variant))
         (a.out / "speedup.json").write_text(json.dumps(results, indent=2))
     print("\n".join(table(results) + aggregate(results, a.good)))
     path = plot(results, a.out)

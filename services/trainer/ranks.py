@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -67,8 +68,6 @@ def run_ranks(n: int) -> None:
     same command, n ranks per node. Same pid, so the signals of agrpo run, compose or
     Kubernetes reach torchrun, which passes them to the ranks. One node: --standalone; more
     (PET_NNODES): torchrun takes the node rank and rank 0's address from its PET_* variables."""
-    import sys
-
     nodes = int(os.environ.get("PET_NNODES", "1") or 1)
     log.info("starting %d trainer ranks under torchrun (node %s of %d)", n, os.environ.get("PET_NODE_RANK", 0), nodes)
     where = [] if nodes > 1 else ["--standalone"]
@@ -108,8 +107,6 @@ def leave(code: int) -> int:
     """Destroy the process group before the interpreter exits: left to finalization, gloo's
     worker threads can abort the process (SIGABRT, "terminate called without an active
     exception") after a clean stop. Only on a clean exit: a broken group may not tear down."""
-    import sys
-
     dist = sys.modules.get("torch.distributed")
     if code == 0 and dist is not None and dist.is_initialized():
         dist.destroy_process_group()
