@@ -22,6 +22,8 @@ Variants, each after its own NCCL rendezvous, each a warm-up round then --rounds
               -> update through our worker extension (/collective_rpc, plain load_weights,
               no layerwise reload) -> reset_prefix_cache(running) -> [label] -> resume.
               vLLM must run with --worker-extension-cls agrpo_vllm_plugin.worker.AgrpoWorkerExtension.
+  ipc         vLLM on the trainer's GPU (CUDA_VISIBLE_DEVICES of both the same): the CUDA IPC
+              transport, then the direct load's phases; the same checks as `direct`.
 ours, ours_store and helper use vLLM's load flow (weight_load=vllm) even on that server.
 Checks: before any update vLLM == HF (same weights); after `ours` sends perturbed weights
 vLLM's greedy output changes and agrees with HF on them (bf16 tolerance, e2e_nccl.compare);
@@ -73,12 +75,17 @@ def import_weight_sync(ws: str | None):
 
 def ours_rounds(ws, model, url: str, rendezvous: str, rounds: int, first_version: int,
                 load: str = "vllm") -> list[dict]:
-    """Warm-up (with rendezvous) + `rounds` timed syncs through WeightSyncer."""
+    """Warm-up (with rendezvous) + `rounds` timed syncs through WeightSyncer. rendezvous
+    "ipc": the CUDA IPC transport instead of NCCL (vLLM on this GPU; always a direct load)."""
     pkg, nccl, transports = ws
     import torch
 
     async def go():
-        transport = nccl.NcclTransport(rendezvous=rendezvous, timeout=180)
+        if rendezvous == "ipc":
+            from services.trainer.weight_sync.ipc import IpcTransport
+            transport = IpcTransport()
+        else:
+            transport = nccl.NcclTransport(rendezvous=rendezvous, timeout=180)
         syncer = pkg.WeightSyncer([url], transport, phase_timeout=180, total_timeout=600, load_mode=load)
         await syncer.open()
         out = []
@@ -97,7 +104,7 @@ def ours_rounds(ws, model, url: str, rendezvous: str, rounds: int, first_version
                 row = dict(round="warmup" if r == 0 else r, **{f"{k}_ms": v for k, v in ph.items()},
                            **{f"nccl_{k}": v for k, v in tl.items()}, pause_to_resume_ms=round(p2r, 2),
                            version=version)
-                ext = syncer.admin(url).last_rpc if load == "direct" else []
+                ext = syncer.admin(url).last_rpc if load == "direct" or rendezvous == "ipc" else []
                 if ext and isinstance(ext[0], dict) and "load_s" in ext[0]:
                     row["ext_load_ms"] = round(max(e["load_s"] for e in ext) * 1e3, 2)
                 out.append(row)
@@ -169,22 +176,25 @@ def helper_rounds(api, model, port: int, rounds: int) -> list[dict]:
     return out
 
 
-def direct_variant(a, api, served, hf, ws, version, load_hf, pert, orig, before_tok, before_pl, res) -> dict:
+def direct_variant(a, api, served, hf, ws, version, load_hf, pert, orig, before_tok, before_pl, res,
+                   name: str = "direct") -> dict:
     """Perturbed weights through the direct load (timed), checked against HF; then the
-    original weights back through it, which vLLM must reproduce exactly."""
+    original weights back through it, which vLLM must reproduce exactly. `name` "ipc": the
+    same through the CUDA IPC transport (vLLM on the trainer's GPU)."""
     e2e = _e2e()
+    way = "ipc" if name == "ipc" else "store"
     load_hf(pert)
-    res["variants"]["direct"] = ours_rounds(ws, hf, a.url, "store", a.rounds, version, load="direct")
+    res["variants"][name] = ours_rounds(ws, hf, a.url, way, a.rounds, version, load="direct")
     after_tok, _ = e2e.greedy(api, served)
     c1, _ = e2e.compare(api, served, hf, after_tok, a.tol)
     c1["greedy_changed"] = after_tok != before_tok
     c1["ok"] = c1["ok"] and c1["greedy_changed"]
-    log("after direct (perturbed weights):", c1)
+    log(f"after {name} (perturbed weights):", c1)
     load_hf(orig)
-    ours_rounds(ws, hf, a.url, "store", 0, version + a.rounds + 1, load="direct")
+    ours_rounds(ws, hf, a.url, way, 0, version + a.rounds + 1, load="direct")
     c2 = check_exact(api, served, before_tok, before_pl)
-    log("after direct (original weights back):", c2)
-    return {"direct_perturbed_vs_hf": c1, "direct_restore_exact": c2}
+    log(f"after {name} (original weights back):", c2)
+    return {f"{name}_perturbed_vs_hf": c1, f"{name}_restore_exact": c2}
 
 
 def check_exact(api, served, before_tok, before_pl) -> dict:
@@ -250,9 +260,9 @@ def run(a) -> dict:
                 res["variants"][v] = ours_rounds(ws, hf, a.url, "store", a.rounds, version)
                 res["checks"]["ours_store_restore_exact"] = check_exact(api, served, before_tok, before_pl)
                 log("after ours_store (original weights back):", res["checks"]["ours_store_restore_exact"])
-            elif v == "direct":
+            elif v in ("direct", "ipc"):
                 res["checks"].update(direct_variant(a, api, served, hf, ws, version, load_hf, pert, orig,
-                                                    before_tok, before_pl, res))
+                                                    before_tok, before_pl, res, name=v))
                 version += 1
             version += a.rounds + 1
         except Exception as exc:  # noqa: BLE001

@@ -17,6 +17,8 @@ SITE=${SITE:-/tmp/site}
 SIZES=${SIZES:-qwen2-0.5b qwen2-1.5b qwen2-7b}
 ROUNDS=${ROUNDS:-5}; DEADLINE=${DEADLINE:-570}; PORT=8011
 VARIANTS=${VARIANTS:-ours,helper,ours_store,direct}
+# One GPU: TRAINER_GPU=0 FLOOR=0 VARIANTS=ipc (vLLM and the trainer share GPU 0; CUDA IPC).
+TRAINER_GPU=${TRAINER_GPU:-1}
 WSARG=; [ -n "${WS:-}" ] && WSARG="--ws $ROOT/$WS"
 # NVLink multicast stays off on these shared hosts; vLLM's workers use NCCL_CUMEM_ENABLE=0, so we do too
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
@@ -29,7 +31,7 @@ need() { case $1 in *7b) echo 170 ;; *) echo 110 ;; esac; }
 # models on GPU 1 in the background (they need no vLLM)
 ( for s in $SIZES; do
     [ -f /tmp/$s/config.json ] && { touch /tmp/$s.done; continue; }
-    CUDA_VISIBLE_DEVICES=1 python3 "$HERE/make_tiny.py" /tmp/$s /tmp/${s}_tok --preset $s --device cuda 2>&1 \
+    CUDA_VISIBLE_DEVICES=$TRAINER_GPU python3 "$HERE/make_tiny.py" /tmp/$s /tmp/${s}_tok --preset $s --device cuda 2>&1 \
       | grep -v Writing | sed 's/^/[make] /'; touch /tmp/$s.done
   done ) &
 MB=$!
@@ -78,7 +80,7 @@ for s in $SIZES; do
   mem=0.3; case $s in *7b) mem=0.4 ;; esac
   serve "$s" $mem
   T0=$SECONDS
-  CUDA_VISIBLE_DEVICES=1 timeout $((DEADLINE - SECONDS - 10)) python3 "$ROOT/benchmarks/gpu_weight_sync.py" \
+  CUDA_VISIBLE_DEVICES=$TRAINER_GPU timeout $((DEADLINE - SECONDS - 10)) python3 "$ROOT/benchmarks/gpu_weight_sync.py" \
     --url http://127.0.0.1:$PORT --model /tmp/$s --label "$s" --rounds "$ROUNDS" --port $P $WSARG \
     --variants "$VARIANTS" --vllm-pid "$VP" --results "$OUT/sync.jsonl" >> "$OUT/bench.log" 2>&1
   rc=$?; say "bench $s rc=$rc in $((SECONDS - T0)) s"; grep -E 'Error|error' "$OUT/bench.log" | tail -3 | cut -c1-400

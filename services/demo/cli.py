@@ -1,8 +1,8 @@
 """`agrpo demo`: train the tiny model (or SmolLM2) with the whole system on this machine.
 
 Run: make demo   (or: .venv/bin/agrpo demo --steps 40)
-On two NVIDIA GPUs: agrpo demo --gpu (vLLM on GPU 0, trainer on GPU 1, NCCL weight sync;
-see docs/gpu.md "Full loop on two GPUs").
+On NVIDIA GPUs: agrpo demo --gpu (two GPUs: vLLM on GPU 0, trainer on GPU 1, NCCL weight sync;
+one GPU: both on it, CUDA IPC weight sync; docs/gpu.md "Full loop on two GPUs", "One GPU").
 Writes <out>/metrics.jsonl, <out>/curves.png, <out>/summary.json and <out>/logs/.
 """
 
@@ -15,12 +15,15 @@ from pathlib import Path
 
 
 def _gpu_options(a: argparse.Namespace):
-    from .gpu import GpuOptions
+    from services.launcher.gpus import gpu_count
+
+    from .gpu import GpuOptions, default_trainer_gpu
 
     if not a.gpu:
         return None
     ext = None if a.worker_extension.lower() in ("", "none") else a.worker_extension
-    return GpuOptions(vllm_gpu=a.vllm_gpu, trainer_gpu=a.trainer_gpu,
+    trainer_gpu = a.trainer_gpu if a.trainer_gpu is not None else default_trainer_gpu(a.vllm_gpu, gpu_count())
+    return GpuOptions(vllm_gpu=a.vllm_gpu, trainer_gpu=trainer_gpu,
                       gpu_memory_utilization=a.gpu_memory_utilization, kv_cache_gib=a.kv_cache_gib or None,
                       worker_extension=ext, dtype=a.dtype)
 
@@ -63,10 +66,12 @@ def parse(argv: list[str]):
     p.add_argument("--timeout", type=float, default=1800, help="give up after this many seconds")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config key for every service, e.g. --set trainer.weight_load=vllm (repeatable)")
-    g = p.add_argument_group("GPU mode (two NVIDIA GPUs)")
-    g.add_argument("--gpu", action="store_true", help="vLLM and the trainer on GPUs, NCCL weight sync")
+    g = p.add_argument_group("GPU mode (NVIDIA GPUs)")
+    g.add_argument("--gpu", action="store_true",
+                   help="vLLM and the trainer on GPUs: NCCL weight sync on two, CUDA IPC on one")
     g.add_argument("--vllm-gpu", default="0", help="CUDA device of vLLM (default 0)")
-    g.add_argument("--trainer-gpu", default="1", help="CUDA device of the trainer (default 1)")
+    g.add_argument("--trainer-gpu", default=None,
+                   help="CUDA device of the trainer (default: another GPU, or vLLM's own on a one-GPU machine)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.25, help="vLLM's share of its GPU")
     g.add_argument("--kv-cache-gib", type=float, default=2.0,
                    help="vLLM's KV cache (default 2; 0: what --gpu-memory-utilization leaves)")

@@ -1,7 +1,9 @@
-"""`agrpo demo --gpu`: vLLM on one GPU, the trainer on another, NCCL weight sync.
+"""`agrpo demo --gpu`: vLLM on one GPU and the trainer on another (NCCL weight sync), or
+both on one GPU (`--trainer-gpu` = `--vllm-gpu`: CUDA IPC weight sync, vLLM taking
+`--gpu-memory-utilization` of it).
 
 Pure settings (no torch, no vLLM import): the vLLM start profile, each service's
-environment and the trainer's config overrides. Why two GPUs: NCCL refuses two ranks
+environment and the trainer's config overrides. Why IPC on one GPU: NCCL refuses two ranks
 of one communicator on the same GPU, and the trainer is rank 0 of vLLM's weight-transfer
 group. Reward and rollout stay on the CPU (CUDA_VISIBLE_DEVICES="").
 """
@@ -32,9 +34,24 @@ class GpuOptions:
     peak_tflops: float | None = H200_BF16_TFLOPS
     vllm_startup_s: float = 420.0
 
+    @property
+    def colocated(self) -> bool:
+        """vLLM and the trainer on one GPU: weights go through CUDA IPC, not NCCL."""
+        return self.vllm_gpu == self.trainer_gpu
+
     def __post_init__(self) -> None:
-        if self.vllm_gpu == self.trainer_gpu:
-            raise ValueError("vLLM and the trainer need different GPUs (NCCL: one rank per GPU)")
+        if self.colocated and not self.worker_extension:
+            raise ValueError("vLLM and the trainer on one GPU load weights through our worker extension "
+                             "(CUDA IPC): --worker-extension none needs two GPUs (NCCL)")
+
+
+def default_trainer_gpu(vllm_gpu: str, count: int) -> str:
+    """The trainer's GPU when none is given: the first GPU vLLM does not use, or vLLM's own on
+    a one-GPU machine (colocated). `count` 0 (no nvidia-smi): the two-GPU default."""
+    if count:
+        others = [str(i) for i in range(count) if str(i) != vllm_gpu]
+        return others[0] if others else vllm_gpu
+    return "1" if vllm_gpu != "1" else "0"
 
 
 def vllm_profile(opts: GpuOptions, scale_out: bool) -> GpuProfile:
@@ -53,14 +70,14 @@ def service_env(service: str, opts: GpuOptions | None) -> dict[str, str]:
 def config_overrides(opts: GpuOptions | None) -> dict:
     """Top-level keys and trainer-section keys of this mode.
 
-    GPU: the model loads in `dtype` with bf16 autocast; weights go over NCCL as bf16, the
-    server's dtype, whatever the training dtype. `weight_load` is "vllm" where a direct load
-    cannot happen (no worker extension, or CPU, where the extension refuses): no probe. On CPU
+    GPU: the model loads in `dtype` with bf16 autocast; weights go over NCCL (CUDA IPC on one
+    GPU) as bf16, the server's dtype, whatever the training dtype. `weight_load` is "vllm" where a
+    direct load cannot happen (no worker extension, or CPU, where the extension refuses): no probe. On CPU
     the demo's own vLLM reads the trainer's files, so weights go as a file per version
     (shared_path), not as base64 JSON over HTTP."""
     if opts is None:
         return {"trainer": {"weight_load": "vllm", "weight_transport": "shared_path"}}
-    trainer = {"weight_transport": "nccl", "sync_dtype": "bfloat16",
+    trainer = {"weight_transport": "ipc" if opts.colocated else "nccl", "sync_dtype": "bfloat16",
                "weight_load": "auto" if opts.worker_extension else "vllm"}
     if opts.peak_tflops:
         trainer["peak_tflops"] = opts.peak_tflops

@@ -114,7 +114,17 @@ class Job:
                 env["CUDA_VISIBLE_DEVICES"] = self.trainer_gpus
             if self._shares_files_with_vllm():
                 env["AGRPO_TRAINER__WEIGHT_TRANSPORT"] = "shared_path"
+            elif self._shares_gpu_with_vllm():
+                env["AGRPO_TRAINER__WEIGHT_TRANSPORT"] = "ipc"
         return env
+
+    def _shares_gpu_with_vllm(self) -> bool:
+        """The job's one GPU vLLM runs on the trainer's single GPU: NCCL cannot connect the two,
+        so weights go through CUDA IPC (our worker extension opens the trainer's buffer)."""
+        gpu_servers = [server for server in self.vllm_servers if server.gpu]
+        return (self.cfg.trainer.weight_transport == "auto" and self.trainer_gpus is not None and
+                len(gpu_servers) == len(self.cfg.vllm_urls) == 1 and
+                self.trainer_gpus == self.cfg.launcher.vllm_gpu)
 
     def _shares_files_with_vllm(self) -> bool:
         """Every server is a CPU vLLM this job started, so it reads the trainer's files: weights go

@@ -25,6 +25,12 @@ def make_transport(cfg: AgrpoConfig, device: torch.device):
     kind = cfg.trainer.weight_transport
     if kind == "auto":
         kind = "nccl" if device.type == "cuda" else "http"
+    if kind in ("nccl", "ipc") and device.type != "cuda":
+        raise ValueError(f"trainer.weight_transport={kind} needs the trainer on a GPU (it trains on {device})")
+    if kind == "ipc":
+        from .weight_sync.ipc import IpcTransport
+
+        return IpcTransport()
     if kind == "http":
         return HttpTransport(cfg.trainer.http_chunk_mb)
     if kind == "shared_path":

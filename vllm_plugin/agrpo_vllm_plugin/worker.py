@@ -15,6 +15,10 @@ requests are preempted and recomputed under the new weights (see
 services/trainer/weight_sync/orchestrator.py). String arguments only: vLLM's HTTP
 route passes nothing else.
 
+With the trainer on vLLM's own GPU (one-GPU machines), NCCL cannot connect the two, and
+``agrpo_load_ipc`` loads the same way from a buffer the trainer shares through CUDA IPC
+(agrpo_vllm_plugin/ipc.py); no weight-transfer engine is needed for it.
+
 Start vLLM with
 ``--worker-extension-cls agrpo_vllm_plugin.worker.AgrpoWorkerExtension``.
 """
@@ -23,9 +27,10 @@ import json
 import time
 
 
-def direct_load_blocker(worker) -> str | None:
-    """Why a direct load would be wrong on this worker, or None when it is exact."""
-    if getattr(worker, "weight_transfer_engine", None) is None:
+def direct_load_blocker(worker, needs_engine: bool = True) -> str | None:
+    """Why a direct load would be wrong on this worker, or None when it is exact. The NCCL
+    load receives through vLLM's transfer engine; the IPC load needs none."""
+    if needs_engine and getattr(worker, "weight_transfer_engine", None) is None:
         return "no weight-transfer engine: start vLLM with --weight-transfer-config"
     device = getattr(worker, "device", None)
     if getattr(device, "type", None) != "cuda":
@@ -35,6 +40,13 @@ def direct_load_blocker(worker) -> str | None:
     if quant:
         return f"quantized model ({quant}): loaded tensors are post-processed"
     return None
+
+
+def _device_index(worker) -> int:
+    import torch
+
+    index = worker.device.index
+    return torch.cuda.current_device() if index is None else index
 
 
 class AgrpoWorkerExtension:
@@ -62,3 +74,35 @@ class AgrpoWorkerExtension:
         engine.receive_weights(info)
         torch.cuda.synchronize()
         return {"load_s": time.perf_counter() - t0, "tensors": len(getattr(info, "names", []) or [])}
+
+    def agrpo_ipc_check(self, trainer_gpu_uuid: str) -> dict:
+        """{"ok", "why", "uuid"}: may this worker load from the trainer's CUDA IPC buffer? Only
+        on the trainer's own GPU (an IPC handle opens on the GPU it was made on)."""
+        import torch
+
+        why = direct_load_blocker(self, needs_engine=False)
+        uuid = str(torch.cuda.get_device_properties(_device_index(self)).uuid) if why is None else ""
+        if why is None and uuid != trainer_gpu_uuid:
+            why = f"vLLM worker on GPU {uuid}, the trainer on GPU {trainer_gpu_uuid}: CUDA IPC needs one GPU"
+        return {"ok": why is None, "why": why or "", "uuid": uuid}
+
+    def agrpo_load_ipc(self, update_info_json: str) -> dict:
+        """Load one version from the trainer's IPC buffer (services/trainer/weight_sync/ipc.py)
+        as-is; the trainer reuses the buffer once this returns, so it synchronizes first."""
+        import torch
+
+        from .ipc import OpenBuffer, views
+
+        why = direct_load_blocker(self, needs_engine=False)
+        if why is not None:
+            raise RuntimeError(f"direct weight load refused: {why}")
+        t0 = time.perf_counter()
+        info = json.loads(update_info_json)
+        if not hasattr(self, "_agrpo_ipc"):
+            self._agrpo_ipc = OpenBuffer()
+        buffer = self._agrpo_ipc.get(info["buffer"], _device_index(self))
+        opened = time.perf_counter()
+        self.get_model().load_weights(views(buffer, info))
+        torch.cuda.synchronize()
+        end = time.perf_counter()
+        return {"load_s": end - t0, "open_s": opened - t0, "tensors": len(info["names"])}

@@ -156,9 +156,11 @@ class TrainerSection(ServiceSection):
 
     port: int = Field(50051, ge=0, le=65535)
     metrics_port: int | None = Field(9101, ge=0, le=65535)
-    weight_transport: Literal["auto", "http", "shared_path", "nccl"] = "auto"
+    weight_transport: Literal["auto", "http", "shared_path", "nccl", "ipc"] = "auto"
     """How weights reach vLLM: auto picks nccl on GPU, http on CPU (agrpo run picks shared_path
-    for a CPU vLLM it started itself: a file per version under output_dir, no base64 JSON)."""
+    for a CPU vLLM it started itself: a file per version under output_dir, no base64 JSON; and
+    ipc when vLLM shares the trainer's GPU). ipc: CUDA IPC on one GPU, loaded by our worker
+    extension (always a direct load)."""
     weight_load: Literal["auto", "vllm", "direct"] = "auto"
     """How vLLM loads an update. vllm: its RL flow (start/finish, layerwise reload; any model).
     direct: our worker extension loads the tensors as-is (CUDA, unquantized; start vLLM with
@@ -223,6 +225,13 @@ class TrainerSection(ServiceSection):
     """On one GPU, torch.compile the decoder layers and the logprob head: 1.6-2.3x faster steps
     for about 35 s of compiles in the first steps (docs/gpu.md). Off: eager modules (the tree's
     flex attention stays compiled)."""
+
+    @model_validator(mode="after")
+    def _ipc_loads_directly(self) -> "TrainerSection":
+        if self.weight_transport == "ipc" and self.weight_load == "vllm":
+            raise ValueError("trainer.weight_transport=ipc loads through our worker extension: "
+                             "trainer.weight_load must be auto or direct, not vllm")
+        return self
 
 
 class LauncherSection(Section):

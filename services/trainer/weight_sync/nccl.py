@@ -267,6 +267,7 @@ class NcclTransport:
         return "b64" if proto.unique_id_b64 else "store"
 
     async def init(self, admin: VLLMAdmin) -> None:
+        await self._refuse_shared_gpu(admin)
         proto = NcclProtocol.for_version(await admin.server_version())
         way = self._choose(proto)
         world = int((await admin.call("init", "GET", "/get_world_size"))["world_size"]) + 1
@@ -285,6 +286,21 @@ class NcclTransport:
         comm.stream = torch.cuda.Stream()
         self._comms[admin.url] = comm
         log.info("nccl rendezvous with %s: %s (%s, world %d)", admin.url, way, comm.kind, world)
+
+    @staticmethod
+    async def _refuse_shared_gpu(admin: VLLMAdmin) -> None:
+        """One line instead of an NCCL failure when vLLM runs on the trainer's GPU (asked of
+        our worker extension; a server without it is not checked)."""
+        from .ipc import IPC_CHECK, gpu_uuid
+
+        mine = gpu_uuid()
+        try:
+            results = await admin.rpc("init", IPC_CHECK, mine)
+        except WeightSyncError:
+            return
+        if any(isinstance(r, dict) and r.get("uuid") == mine for r in results):
+            raise WeightSyncError("init", admin.url, "vLLM runs on the trainer's GPU, and NCCL needs one GPU "
+                                  "per rank: set trainer.weight_transport: ipc (CUDA IPC, one GPU)")
 
     async def _together(self, admin: VLLMAdmin, phase: str, remote, local):
         """Run the server's HTTP call and a blocking local step at once; first error wins."""

@@ -10,7 +10,8 @@ unquantized): sleep?level=0&mode=keep -> update through /collective_rpc (plain
 load_weights, no layerwise reload) -> reset_prefix_cache?reset_running_requests=true
 -> label (/update_weight_version, where the server keeps labels) -> resume. The same
 cache semantics as /pause, without its 20 ms settle sleep and the reload machinery.
-"auto" asks each server's extension at init and falls back to "vllm".
+"auto" asks each server's extension at init and falls back to "vllm". The ipc transport
+(vLLM on the trainer's GPU, weight_sync/ipc.py) always loads directly.
 
 Each phase has `phase_timeout`, the whole server sync `total_timeout`; any failure is a
 WeightSyncError naming the phase. Servers are synced concurrently; one that fails is
@@ -203,6 +204,9 @@ class WeightSyncer:
         await self.transport.init(admin)
         admin.direct = False
         server.quick_pause = parse_vllm_version(await admin.server_version()) >= (0, 26, 0)
+        if getattr(self.transport, "direct_only", False):  # its init checked the extension
+            admin.direct, server.labels = True, await admin.has_weight_labels()
+            return
         if self.load_mode == "vllm":
             return
         why = await admin.direct_load_check()

@@ -24,6 +24,12 @@ def test_extension_answers_and_refuses_on_cpu(shared_vllm):
     assert worker["ok"] is False and "repack" in worker["why"]
     with pytest.raises(RuntimeError, match="direct weight load refused"):
         shared_vllm.post_json("/collective_rpc", {"method": "agrpo_load_weights", "args": ["{}"]})
+    # the CUDA IPC load (vLLM on the trainer's GPU) refuses for the same reason
+    out = shared_vllm.post_json("/collective_rpc", {"method": "agrpo_ipc_check", "args": ["GPU-x"]})
+    [worker] = out["results"]
+    assert worker["ok"] is False and "repack" in worker["why"] and worker["uuid"] == ""
+    with pytest.raises(RuntimeError, match="direct weight load refused"):
+        shared_vllm.post_json("/collective_rpc", {"method": "agrpo_load_ipc", "args": ["{}"]})
 
 
 async def test_direct_refused_auto_falls_back_and_lands(shared_vllm, tiny_model_factory):

@@ -111,8 +111,24 @@ def test_each_service_gets_its_device_and_multicast_off():
     for svc in ("reward", "rollout"):
         assert gpu.service_env(svc, opts) == {**NCCL_SAFE_ENV, "CUDA_VISIBLE_DEVICES": ""}
     assert gpu.service_env("trainer", None) == {}
-    with pytest.raises(ValueError):
-        gpu.GpuOptions(vllm_gpu="1", trainer_gpu="1")
+    # one GPU for both: weights through CUDA IPC, which only our worker extension loads
+    with pytest.raises(ValueError, match="worker extension"):
+        gpu.GpuOptions(vllm_gpu="1", trainer_gpu="1", worker_extension=None)
+
+
+@pytest.mark.parametrize("vllm_gpu,count,trainer", [("0", 1, "0"), ("0", 2, "1"), ("1", 4, "0"),
+                                                    ("0", 0, "1"), ("1", 0, "0")])
+def test_the_trainer_takes_another_gpu_or_shares_the_only_one(vllm_gpu, count, trainer):
+    assert gpu.default_trainer_gpu(vllm_gpu, count) == trainer
+
+
+def test_one_gpu_demo_shares_it_through_cuda_ipc(tmp_path, monkeypatch):
+    monkeypatch.setattr("services.launcher.gpus.gpu_count", lambda: 1)
+    opts = parse(["--gpu", "--out", str(tmp_path)]).gpu
+    assert opts.colocated and opts.trainer_gpu == opts.vllm_gpu == "0"
+    assert gpu.service_env("trainer", opts)["CUDA_VISIBLE_DEVICES"] == "0"
+    _, cfg = _config(tmp_path, ["--gpu"])
+    assert cfg.trainer.weight_transport == "ipc" and cfg.trainer.weight_load == "auto"
 
 
 def _config(tmp_path, argv):
@@ -152,8 +168,9 @@ def test_cli_gpu_flags(tmp_path):
     assert profile.gpu_memory_utilization == 0.4 and "--kv-cache-memory-bytes" not in profile.args()
     assert opts.model_path == tmp_path
     assert parse([]).gpu is None
-    with pytest.raises(SystemExit):
-        parse(["--gpu", "--vllm-gpu", "1", "--trainer-gpu", "1"])
+    assert parse(["--gpu", "--vllm-gpu", "1", "--trainer-gpu", "1"]).gpu.colocated
+    with pytest.raises(SystemExit):  # one GPU needs the extension that opens the IPC buffer
+        parse(["--gpu", "--vllm-gpu", "1", "--trainer-gpu", "1", "--worker-extension", "none"])
 
 
 def _statuses():

@@ -92,3 +92,25 @@ def test_exit_0_is_done_and_exit_2_ends_the_job_with_its_line():
     fatal.start()
     with pytest.raises(StartupError, match="^trainer.model: cannot load$"):
         fatal.check()
+
+
+class _Server:
+    def __init__(self, gpu: bool) -> None:
+        self.gpu = gpu
+
+
+@pytest.mark.parametrize("gpus,servers,transport,expected", [
+    ("0", [_Server(True)], "auto", "ipc"),          # one GPU: vLLM and the trainer share it
+    ("1", [_Server(True)], "auto", None),           # two GPUs: NCCL (the trainer's auto)
+    (None, [_Server(False)], "auto", "shared_path"),  # CPU: a file per version
+    ("0", [_Server(True)], "nccl", None),           # the user's choice stands
+    ("0", [], "auto", None),                        # vLLM not started by the job: its GPU is unknown
+])
+def test_the_trainer_transport_follows_where_the_job_put_vllm(tmp_path, gpus, servers, transport, expected):
+    from services.launcher.job import Job, JobOptions
+
+    cfg = AgrpoConfig.model_validate({"output_dir": str(tmp_path), "vllm_server_base_url": "http://127.0.0.1:8000",
+                                      "trainer": {"weight_transport": transport}})
+    job = Job(cfg, JobOptions(config_path=tmp_path / "c.yaml"))
+    job.trainer_gpus, job.vllm_servers = gpus, servers
+    assert job._env("trainer").get("AGRPO_TRAINER__WEIGHT_TRANSPORT") == expected
