@@ -31,6 +31,7 @@ from services.common.versions import Lineage
 
 from .balancer import GenerationFailed
 from .groups import GenerationContext, Group
+from .metrics import RateWindow
 from .samples import ScoredGroup, build_samples
 from .scoring import GroupScores, ScoringFailed, build_request
 from .vllm_client import SamplingConfig
@@ -82,7 +83,7 @@ class Engine:
         self.idle = IdleClock()  # no request in flight: vLLM has nothing of ours to do
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
-        self._tok_window: list[tuple[float, int]] = []
+        self._tok_rate = RateWindow(10.0)
         self.strategy = build_strategy(cfg, tokenizer, GenerationContext(
             balancer, self.sampling, self.G, self._release, self._count_tokens))
 
@@ -305,11 +306,7 @@ class Engine:
 
     # Throughput
     def _count_tokens(self, n: int) -> None:
-        now = time.monotonic()
         self.metrics.generated_tokens.inc(n)
-        self._tok_window.append((now, n))
-        while self._tok_window and now - self._tok_window[0][0] > 10.0:
-            self._tok_window.pop(0)
-        span = now - self._tok_window[0][0] if len(self._tok_window) > 1 else 0.0
-        if span > 0:
-            self.metrics.generation_tok_s.set(sum(k for _, k in self._tok_window) / span)
+        rate = self._tok_rate.add(time.monotonic(), n)
+        if rate is not None:
+            self.metrics.generation_tok_s.set(rate)

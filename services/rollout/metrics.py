@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 from services.common.metrics import Metrics
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 50)
@@ -40,3 +42,21 @@ class RolloutMetrics:
         self.credits = m.gauge("credits_available", "Trainer credits not yet committed to a dispatched group")
         self.stale_share = m.gauge("dropped_stale_share",
                                    "Samples dropped as stale (here or at the trainer) / samples generated")
+
+
+class RateWindow:
+    """Events per second over the last `window_s` seconds, O(1) per event (a running sum)."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self.events: deque[tuple[float, int]] = deque()
+        self.total = 0
+
+    def add(self, now: float, n: int) -> float | None:
+        """Count n at time `now`; the rate over the window, None while it spans no time."""
+        self.events.append((now, n))
+        self.total += n
+        while self.events and now - self.events[0][0] > self.window_s:
+            self.total -= self.events.popleft()[1]
+        span = now - self.events[0][0] if len(self.events) > 1 else 0.0
+        return self.total / span if span > 0 else None
