@@ -64,7 +64,8 @@ for preset in $PRESETS; do
   serve "$preset" "$eager" "$OUT/vllm-$preset.log"
   up=0
   while [ $SECONDS -lt $((t_end - 30)) ]; do
-    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && { up=1; break; }
+    python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+      "http://127.0.0.1:$PORT/health" 2>/dev/null && { up=1; break; }
     kill -0 "$VP" 2>/dev/null || break
     sleep 1
   done
