@@ -168,7 +168,7 @@ async def raw_client(url: str, model: str, prompt_ids: list[list[int]], args, in
     params = {**SamplingConfig(args.max_tokens, top_k=0).params(), "logprobs": 0}
     jobs = [(f"raw-{p}-{g}", ids) for p, ids in enumerate(prompt_ids) for g in range(args.G)]
     sem = asyncio.Semaphore(inflight)
-    state = {"tokens": 0, "inflight": 0}
+    state = {"tokens": 0, "inflight": 0, "errors": 0}
 
     async def one(session, rid, ids):
         async with sem:
@@ -176,7 +176,11 @@ async def raw_client(url: str, model: str, prompt_ids: list[list[int]], args, in
             try:
                 body = {"request_id": rid, "token_ids": ids, "sampling_params": params, "model": model}
                 async with session.post(url + "/inference/v1/generate", json=body) as r:
-                    r.raise_for_status()
+                    if r.status != 200:  # counted and shown, not fatal: the sweep goes on
+                        state["errors"] += 1
+                        if state["errors"] == 1:
+                            print(f"raw {rid}: HTTP {r.status}: {(await r.text())[:600]}", flush=True)
+                        return
                     state["tokens"] += len((await r.json())["choices"][0]["token_ids"])
             finally:
                 state["inflight"] -= 1
@@ -188,6 +192,8 @@ async def raw_client(url: str, model: str, prompt_ids: list[list[int]], args, in
             t0 = time.perf_counter()
             await asyncio.gather(*(one(s, rid, ids) for rid, ids in jobs))
             wall = time.perf_counter() - t0
+        if state["errors"]:
+            print(f"raw at {inflight} in flight: {state['errors']} of {len(jobs)} requests failed", flush=True)
         return {"tokens": state["tokens"], "wall": wall, "gen_wall": wall, "probe": probe, "server": queue}
 
 

@@ -3,7 +3,7 @@
 # used), to separate the service's shedding from the 2-core dev machine it is usually measured on.
 # From the repo root, carrying .whl (grpcio, protobuf, math-verify, ...):
 #   bash scripts/gpu/run_reward_overload.sh
-# Runs benchmarks/reward_bench.py --overload 10 once per CPU layout in LAYOUTS ("server cores/client
+# Needs .vllm-carry/sm90 too (pydantic, pyyaml). Runs benchmarks/reward_bench.py --overload 10 once per CPU layout in LAYOUTS ("server cores/client
 # cores" pairs): the default gives the server (front + 2 workers) 1 core as on the dev machine,
 # then 3 cores (one for the front). Knobs: DURATION=20 (s per phase)  LAYOUTS="0/1 0,1,2/3,4,5,6"
 # Into $OUT: run.log
@@ -12,13 +12,16 @@ HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
 # shellcheck source=lib.sh
 . "$HERE/lib.sh"
 OUT=${OUT:-/tmp/reward-out}; mkdir -p "$OUT"
-SITE=${SITE:-/tmp/site-cpu}; DURATION=${DURATION:-20}; LAYOUTS=${LAYOUTS:-"0/1 0,1,2/3,4,5,6"}
+SITE=${SITE:-/tmp/site}; DURATION=${DURATION:-20}; LAYOUTS=${LAYOUTS:-"0/1 0,1,2/3,4,5,6"}
+ARCHIVE=${ARCHIVE:-$ROOT/.vllm-carry/sm90/vllm026-sm90.tar.xz}
 exec > >(tee -a "$OUT/run.log") 2>&1
 gpu_safe_env
 cd "$ROOT" || exit 2
+# the vLLM archive brings pydantic and friends (the image has none); the wheels bring grpcio, math-verify
+[ -d "$SITE/pydantic" ] || extract_vllm "$ARCHIVE" "$SITE" || exit 3
 install_wheels "$ROOT/.whl" "$SITE" || exit 4
 export PYTHONPATH=$SITE:$ROOT:$ROOT/gen OMP_NUM_THREADS=1
-say "$(nproc) CPUs: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+say "$(nproc) CPUs usable ($(grep -c ^processor /proc/cpuinfo) listed; $(taskset -p $$)):$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 for layout in $LAYOUTS; do
   server=${layout%/*}; client=${layout#*/}
   say "overload 10x, server on cores $server, load generator on $client"
