@@ -1,10 +1,12 @@
 """The rollout loop: keep vLLM busy, score groups, tag versions, hand samples to the sender.
 
-- Issue: a group of `num_generations` requests starts when that many of the
-  `max_inflight_tasks` slots are free and the trainer's credits cover it: every
-  sample generating, scoring or waiting to be sent holds a credit, so generation
-  runs at most max_staleness versions ahead of training (the pacing rule,
-  services/trainer/pacing.py and docs/architecture.md).
+- Issue: a group of `num_generations` requests starts when one of the
+  `max_inflight_tasks` request slots is free and the trainer's credits cover the group;
+  each request takes a slot as one frees (TRL's slots: one per request), so vLLM keeps
+  max_inflight_tasks requests while there is work, not up to G - 1 fewer. Every sample
+  generating, scoring or waiting to be sent holds a credit, so generation runs at most
+  max_staleness versions ahead of training (the pacing rule, services/trainer/pacing.py
+  and docs/architecture.md).
 - Generate: a strategy runs the group (single_turn.py: G completions;
   multiturn/runner.py: G conversations with tools or environments) through the
   balancer; a request that fails on every retry re-issues its group. A policy bump that makes an in-flight group
@@ -84,8 +86,9 @@ class Engine:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._tok_rate = RateWindow(10.0)
+        self.slots = max(self.max_inflight, self.G)  # a group of G always fits
         self.strategy = build_strategy(cfg, tokenizer, GenerationContext(
-            balancer, self.sampling, self.G, self._release, self._count_tokens))
+            balancer, self.sampling, self.G, self._release, asyncio.Semaphore(self.slots), self._count_tokens))
 
     # Capacity
     @property
@@ -104,8 +107,8 @@ class Engine:
         return self.sender.credits - self.sender.unsent_count - self.pipeline_samples
 
     def _has_capacity(self) -> bool:
-        slots = self.inflight_requests + self.G <= max(self.max_inflight, self.G)
-        return slots and self.credits_available >= self.G
+        """A request slot free (the group's others wait for theirs) and credits for all G."""
+        return self.inflight_requests < self.slots and self.credits_available >= self.G
 
     def wake(self) -> None:
         self._wake.set()

@@ -42,6 +42,9 @@ class GenerationContext:
     num_generations: int
     release: Callable[[Group, int], None]
     """Give back n of a group's in-flight slots (a request or conversation ended)."""
+    request_slots: asyncio.Semaphore
+    """Held while one request (single-turn) or conversation (multi-turn) runs at vLLM: at most
+    max_inflight_tasks of them, as TRL's slots; a group's others wait for theirs."""
     count_tokens: Callable[[int], None]
     """Account n generated tokens (throughput gauge)."""
 

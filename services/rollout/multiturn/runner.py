@@ -117,7 +117,8 @@ class MultiTurn:
             return label_to_version(label, group.dispatch_version)
 
         try:
-            return await self.run(prompt, generate, version_of)
+            async with ctx.request_slots:
+                return await self.run(prompt, generate, version_of)
         finally:
             ctx.release(group, 1)
     async def run(self, prompt, generate, version_of) -> ConversationResult:

@@ -96,6 +96,16 @@ async def test_inflight_limit_is_respected():
     assert bal.peak <= 4
 
 
+async def test_every_request_slot_is_used_when_groups_do_not_divide_it():
+    # 6 slots, groups of 4: a group no longer waits for 4 free slots (which left 2 idle);
+    # its requests take slots as they free, as TRL's per-request slots do
+    bal = FakeBalancer()
+    eng, _, sender = make(n_prompts=12, G=4, balancer=bal, inflight=6)
+    await run_until(eng, lambda: len(sender.groups) == 12)
+    assert bal.peak == 6
+    assert eng.inflight_requests == 0
+
+
 async def test_failed_generation_reissues_the_prompt():
     eng, sched, sender = make(balancer=FakeBalancer(fail_prompts={101}))
     await run_until(eng, lambda: len(sender.groups) == 4)
