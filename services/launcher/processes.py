@@ -106,6 +106,9 @@ def status_numbers(trainer, rollout) -> dict:
                    prompts_reissued=r.prompts_reissued, samples_sent=r.samples_sent,
                    samples_generated=r.samples_generated, generation_idle_s=r.generation_idle_s,
                    generation_s=r.generation_s)
+        if "samples_received" in out:  # rollout's last answer may be older than the trainer's (it
+            # exits first, or a poll timed out under load); nothing was received that was not generated
+            out["samples_generated"] = max(r.samples_generated, out["samples_received"])
     return out
 
 

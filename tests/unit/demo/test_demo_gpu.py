@@ -193,6 +193,8 @@ def test_summary_shows_versions_stale_drops_and_sync_times(tmp_path):
     assert out["weight_sync_ms"]["n"] == 30 and math.isclose(out["weight_sync_ms"]["median"], 115.5)
     assert out["weight_sync_ms"]["phases_median"] == {"update": 50.0}
     assert out["trainer_step"] == 30 and out["samples_trained"] == 480
+    # rollout's answer predates the trainer's 600 received: generated is at least what arrived
+    assert status_numbers(*_statuses())["samples_generated"] == 600
     json.dumps(out)  # summary.json must serialise
     lines = "\n".join(report.closing_lines({**out, "weight_transport": "nccl"}))
     assert "reward first 10 steps" in lines and "policy versions 2 -> 31" in lines
