@@ -4,7 +4,9 @@ Each request goes to the healthy server with the least outstanding work. A
 failed request marks its server down (exponential back-off, health probes until
 it answers again) and is retried on another server; only after
 `request_retries` attempts does the caller see `GenerationFailed`, and then it
-re-issues the group. One bad request never stops the service.
+re-issues the group. A request the server answered and refused (a 4xx such as 400:
+NaN logprobs, a bad prompt) is retried too, but leaves the server up for the
+others. One bad request never stops the service.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ class Balancer:
                 out = await server.client.generate(prompt_ids, sampling, f"{request_id}-a{attempt}")
             except VLLMError as exc:
                 last = exc
-                await self._mark_failed(server, exc)
+                if not exc.request_refused:  # one refused request (e.g. 400) leaves the server up
+                    await self._mark_failed(server, exc)
                 continue
             finally:
                 server.outstanding -= 1

@@ -22,7 +22,18 @@ log = get_logger("rollout.vllm")
 
 
 class VLLMError(RuntimeError):
-    """A request to vLLM failed (HTTP error, bad payload, connection loss, timeout)."""
+    """A request to vLLM failed (HTTP error, bad payload, connection loss, timeout). `status` is
+    the HTTP status when the server answered one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def request_refused(self) -> bool:
+        """The server answered and refused this request (4xx, not timeout or rate limit): it says
+        nothing about the server's health, so the server stays up for the others."""
+        return self.status is not None and 400 <= self.status < 500 and self.status not in (408, 429)
 
 
 class VLLMIncompatible(RuntimeError):
@@ -168,7 +179,8 @@ class VLLMClient:
                 out = await self._completions(prompt_ids, sampling, request_id)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, TypeError,
                 ValueError) as exc:
-            raise VLLMError(f"{self.base_url}: {type(exc).__name__}: {exc}") from exc
+            status = exc.status if isinstance(exc, aiohttp.ClientResponseError) else None
+            raise VLLMError(f"{self.base_url}: {type(exc).__name__}: {exc}", status) from exc
         out.latency_s = time.monotonic() - t0
         out.server = self.base_url
         if len(out.logprobs) != len(out.token_ids):

@@ -9,16 +9,19 @@ from services.rollout.vllm_client import Completion, SamplingConfig, VLLMError
 
 
 class FakeClient:
-    def __init__(self, url, fail=False, delay=0.0):
+    def __init__(self, url, fail=False, delay=0.0, refuse=()):
         self.base_url = url
         self.fail = fail
         self.delay = delay
+        self.refuse = set(refuse)  # prompts answered with HTTP 400
         self.calls = 0
         self.healthy_now = True
 
     async def generate(self, prompt_ids, sampling, request_id):
         self.calls += 1
         await asyncio.sleep(self.delay)
+        if prompt_ids[0] in self.refuse:
+            raise VLLMError(f"{self.base_url}: 400 Out of range float values are not JSON compliant: nan", 400)
         if self.fail:
             raise VLLMError(f"{self.base_url} down")
         return Completion([1], [-0.1], "stop", latency_s=self.delay)
@@ -65,3 +68,19 @@ async def test_request_fails_after_retries_when_every_server_fails():
         await bal.generate([0], S, "r")
     assert a.calls == 2
     await bal.close()
+
+
+async def test_a_refused_request_fails_alone_and_the_server_stays_up():
+    a = FakeClient("a", refuse={7})
+    bal = Balancer([a], retries=3, backoff_s=0.01)
+    with pytest.raises(GenerationFailed, match="400"):
+        await bal.generate([7], S, "bad")
+    assert bal.servers[0].up and bal.servers[0].failures == 0 and a.calls == 3
+    assert (await bal.generate([0], S, "good")).token_ids == [1]  # the others go on at once
+    await bal.close()
+
+
+@pytest.mark.parametrize("status,refused", [(400, True), (404, True), (408, False), (429, False),
+                                            (500, False), (503, False), (None, False)])
+def test_which_errors_say_nothing_about_the_server(status, refused):
+    assert VLLMError("x", status).request_refused is refused
