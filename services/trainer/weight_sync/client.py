@@ -23,6 +23,8 @@ class WeightSyncError(RuntimeError):
 
 DIRECT_CHECK = "agrpo_direct_load_check"
 DIRECT_LOAD = "agrpo_load_weights"
+IPC_CHECK = "agrpo_ipc_check"  # the CUDA IPC transport's (weight_sync/ipc.py); NCCL asks it too
+IPC_LOAD = "agrpo_load_ipc"
 
 
 class VLLMAdmin:

@@ -27,13 +27,10 @@ import time
 
 import torch
 
-from .client import VLLMAdmin, WeightSyncError
-from .nccl import manifest
-from .transports import Prepared
+from .client import IPC_CHECK, IPC_LOAD, VLLMAdmin, WeightSyncError
+from .transports import Prepared, gpu_uuid, manifest
 
 ALIGN = 256  # bytes: every tensor starts on a boundary any dtype (and any kernel) accepts
-IPC_CHECK = "agrpo_ipc_check"
-IPC_LOAD = "agrpo_load_ipc"
 
 
 def byte_offsets(nbytes: list[int], align: int = ALIGN) -> tuple[list[int], int]:
@@ -65,11 +62,6 @@ def share_fields(ipc_args: tuple, uuid: str) -> dict:
             "storage_offset": int(storage_offset), "ref_counter_handle": _b64(ref_counter_handle),
             "ref_counter_offset": int(ref_counter_offset), "event_handle": _b64(event_handle),
             "event_sync_required": bool(event_sync_required)}
-
-
-def gpu_uuid(device: torch.device | None = None) -> str:
-    """The physical GPU's UUID: the same for every process on it, whatever CUDA_VISIBLE_DEVICES."""
-    return str(torch.cuda.get_device_properties(device or torch.cuda.current_device()).uuid)
 
 
 class IpcTransport:

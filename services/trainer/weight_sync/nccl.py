@@ -41,8 +41,8 @@ import torch
 from services.common.logging import get_logger
 from services.common.vllm_process import parse_vllm_version as parse_version
 
-from .client import VLLMAdmin, WeightSyncError
-from .transports import Prepared
+from .client import IPC_CHECK, VLLMAdmin, WeightSyncError
+from .transports import Prepared, gpu_uuid, manifest
 
 DEFAULT_BUFFER_BYTES = 1 << 30
 DEFAULT_NUM_BUFFERS = 2
@@ -62,13 +62,6 @@ class NcclProtocol:
     def for_version(cls, version: str) -> "NcclProtocol":
         v = parse_version(version)
         return cls(packed_in_init=v >= (0, 28, 0), unique_id_b64=v >= (0, 30, 0))
-
-
-def manifest(named: list[tuple[str, torch.Tensor]]) -> dict[str, list]:
-    """{names, dtype_names, shapes} in send order."""
-    return {"names": [n for n, _ in named],
-            "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in named],
-            "shapes": [list(t.shape) for _, t in named]}
 
 
 def packed_chunks(nbytes: list[int], buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> list[list[int]]:
@@ -291,8 +284,6 @@ class NcclTransport:
     async def _refuse_shared_gpu(admin: VLLMAdmin) -> None:
         """One line instead of an NCCL failure when vLLM runs on the trainer's GPU (asked of
         our worker extension; a server without it is not checked)."""
-        from .ipc import IPC_CHECK, gpu_uuid
-
         mine = gpu_uuid()
         try:
             results = await admin.rpc("init", IPC_CHECK, mine)

@@ -44,6 +44,18 @@ def named_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> l
     return out
 
 
+def manifest(named: list[tuple[str, torch.Tensor]]) -> dict[str, list]:
+    """{names, dtype_names, shapes} in send order."""
+    return {"names": [n for n, _ in named],
+            "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in named],
+            "shapes": [list(t.shape) for _, t in named]}
+
+
+def gpu_uuid(device: torch.device | None = None) -> str:
+    """The physical GPU's UUID: the same for every process on it, whatever CUDA_VISIBLE_DEVICES."""
+    return str(torch.cuda.get_device_properties(device or torch.cuda.current_device()).uuid)
+
+
 def split_by_bytes(named: list[tuple[str, torch.Tensor]], limit: int) -> list[list[tuple[str, torch.Tensor]]]:
     """Consecutive chunks of at most `limit` bytes (a bigger tensor is a chunk alone)."""
     chunks, cur, size = [], [], 0

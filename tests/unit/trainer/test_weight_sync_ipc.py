@@ -94,16 +94,21 @@ def _prepared(version: int) -> Prepared:
                                "offsets": []}])
 
 
-async def test_ipc_sync_is_a_direct_load_without_a_transfer_engine():
-    worker = await _Worker("GPU-trainer").start()
+async def _sync(worker_gpu: str, transport, versions: list[int]) -> tuple[_Worker, list]:
+    """Sync `versions` in turn into a stand-in worker on `worker_gpu`; the worker and the reports."""
+    worker = await _Worker(worker_gpu).start()
     try:
-        syncer = WeightSyncer([worker.url], ipc.IpcTransport(uuid="GPU-trainer"), 5.0, 30.0)
+        syncer = WeightSyncer([worker.url], transport, 5.0, 30.0)
         await syncer.open()
-        first = await syncer.sync(3, lambda: _prepared(3))
-        second = await syncer.sync(4, lambda: _prepared(4))
+        reports = [await syncer.sync(v, lambda v=v: _prepared(v)) for v in versions]
         await syncer.close()
     finally:
         await worker.stop()
+    return worker, reports
+
+
+async def test_ipc_sync_is_a_direct_load_without_a_transfer_engine():
+    worker, (first, second) = await _sync("GPU-trainer", ipc.IpcTransport(uuid="GPU-trainer"), [3, 4])
     assert first.ok and second.ok and worker.label == "4"
     # no /init_weight_transfer_engine, no direct-load probe of the NCCL engine
     assert worker.calls[:3] == [ipc.IPC_CHECK, "version", "weight_info"]
@@ -112,29 +117,15 @@ async def test_ipc_sync_is_a_direct_load_without_a_transfer_engine():
 
 
 async def test_ipc_refuses_a_server_on_another_gpu_in_one_line():
-    worker = await _Worker("GPU-other").start()
-    try:
-        syncer = WeightSyncer([worker.url], ipc.IpcTransport(uuid="GPU-trainer"), 5.0, 30.0)
-        await syncer.open()
-        report = await syncer.sync(1, lambda: _prepared(1))
-        await syncer.close()
-    finally:
-        await worker.stop()
+    worker, (report,) = await _sync("GPU-other", ipc.IpcTransport(uuid="GPU-trainer"), [1])
     err = report.errors[worker.url]
     assert err.phase == "init" and "weight_transport=ipc" in err.detail and "GPU-other" in err.detail
     assert ipc.IPC_LOAD not in worker.calls and "sleep" not in worker.calls  # never paused
 
 
 async def test_nccl_names_the_ipc_transport_when_vllm_shares_the_gpu(monkeypatch):
-    monkeypatch.setattr(ipc, "gpu_uuid", lambda device=None: "GPU-trainer")
-    worker = await _Worker("GPU-trainer").start()
-    try:
-        syncer = WeightSyncer([worker.url], NcclTransport(), 5.0, 30.0)
-        await syncer.open()
-        report = await syncer.sync(1, lambda: _prepared(1))
-        await syncer.close()
-    finally:
-        await worker.stop()
+    monkeypatch.setattr("services.trainer.weight_sync.nccl.gpu_uuid", lambda device=None: "GPU-trainer")
+    worker, (report,) = await _sync("GPU-trainer", NcclTransport(), [1])
     err = report.errors[worker.url]
     assert err.phase == "init" and "trainer.weight_transport: ipc" in err.detail
     assert "init_weight_transfer_engine" not in worker.calls
