@@ -87,24 +87,35 @@ def write_dataset(path: Path, prompts: list) -> Path:
     return path
 
 
-class InflightProbe:
-    """Samples a callable's value every `every_s`: peak and mean of what it saw."""
+class Sampler:
+    """A background task that appends a reading to `seen` every `every_s` while in a `with`."""
 
-    def __init__(self, read, every_s: float = 0.02) -> None:
-        self.read, self.every_s, self.seen = read, every_s, []
+    def __init__(self, every_s: float) -> None:
+        self.every_s, self.seen = every_s, []
         self.task: asyncio.Task | None = None
 
     async def _loop(self) -> None:
-        while True:
-            self.seen.append(self.read())
-            await asyncio.sleep(self.every_s)
+        raise NotImplementedError
 
-    def __enter__(self) -> InflightProbe:
+    def __enter__(self):
         self.task = asyncio.get_running_loop().create_task(self._loop())
         return self
 
     def __exit__(self, *exc) -> None:
         self.task.cancel()
+
+
+class InflightProbe(Sampler):
+    """Samples a callable's value every `every_s`: peak and mean of what it saw."""
+
+    def __init__(self, read, every_s: float = 0.02) -> None:
+        super().__init__(every_s)
+        self.read = read
+
+    async def _loop(self) -> None:
+        while True:
+            self.seen.append(self.read())
+            await asyncio.sleep(self.every_s)
 
     @property
     def peak(self) -> int:
@@ -116,12 +127,12 @@ class InflightProbe:
         return sum(busy) / len(busy) if busy else 0.0
 
 
-class ServerQueue:
+class ServerQueue(Sampler):
     """vLLM's own view, from /metrics every `every_s`: mean requests running and waiting."""
 
     def __init__(self, url: str, every_s: float = 0.5) -> None:
-        self.url, self.every_s, self.seen = url, every_s, []
-        self.task: asyncio.Task | None = None
+        super().__init__(every_s)
+        self.url = url
 
     async def _loop(self) -> None:
         import aiohttp
@@ -134,13 +145,6 @@ class ServerQueue:
                 except (aiohttp.ClientError, asyncio.TimeoutError):
                     pass
                 await asyncio.sleep(self.every_s)
-
-    def __enter__(self) -> ServerQueue:
-        self.task = asyncio.get_running_loop().create_task(self._loop())
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.task.cancel()
 
     def summary(self) -> str:
         busy = [(r, w) for r, w in self.seen if r or w]
