@@ -10,6 +10,7 @@ import torch
 
 from services.common.config import AgrpoConfig
 from services.common.logging import get_logger
+from services.common.preflight import StartupError
 
 from . import checkpoint
 from .loop import TrainerLoop
@@ -25,8 +26,8 @@ def make_transport(cfg: AgrpoConfig, device: torch.device):
     kind = cfg.trainer.weight_transport
     if kind == "auto":
         kind = "nccl" if device.type == "cuda" else "http"
-    if kind in ("nccl", "ipc") and device.type != "cuda":
-        raise ValueError(f"trainer.weight_transport={kind} needs the trainer on a GPU (it trains on {device})")
+    if kind in ("nccl", "ipc") and device.type != "cuda":  # a config error, not the model's
+        raise StartupError(f"trainer.weight_transport={kind} needs the trainer on a GPU (it trains on {device})")
     if kind == "ipc":
         from .weight_sync.ipc import IpcTransport
 

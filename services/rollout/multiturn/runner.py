@@ -121,6 +121,7 @@ class MultiTurn:
                 return await self.run(prompt, generate, version_of)
         finally:
             ctx.release(group, 1)
+
     async def run(self, prompt, generate, version_of) -> ConversationResult:
         """One conversation: borrow an environment (if any), talk, score it with get_reward."""
         messages = ([{"role": "user", "content": prompt.prompt}] if isinstance(prompt.prompt, str)
