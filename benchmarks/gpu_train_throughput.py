@@ -17,6 +17,7 @@ Layouts of the same samples (suffixes combine: `tree+noch+v65536`):
   tree2/3  the same with completions 37 shorter / 61 longer: new row lengths
   packed   plain padding-free packing: the same samples back to back in one row, each
            its own chain (block-diagonal causal), same path as tree: no sharing
+  tree1 / packed1  all groups in one row (one forward per step instead of one per group)
   padded   the Engine's unpacked path: one padded row per sample (SDPA)
   *_sdpa   the pre-flex path: tree attention as a dense [N, N] mask to SDPA, nothing compiled
   +eager   flex attention only (layers and head eager); +nocl / +noch: one of them eager
@@ -95,6 +96,33 @@ def plain_rows(samples, per_row: int):
                 "old_logprobs", "advantages", "segment_id", "sample_position", "samples")})
         rows.append(acc)
     return rows
+
+
+def step_flops(cfg, rows, tree: bool, gc: bool = True) -> float:
+    """Model FLOPs one training step must do for `rows`, attention and the head included: the
+    work a perfect set of kernels would do, so tree/packed FLOPs bound their speed ratio.
+
+    Per token, the decoder's matmuls (2 x weights) run forward, backward (2x) and, with
+    checkpointing, forward again; per attended (q, kv) pair, 4 x heads x head_dim per layer
+    forward, 2.5x that backward; per loss term, the LM head (2 x hidden x vocab) forward,
+    backward (2x), its chunk recompute and the entropy pass (1x each).
+    """
+    h, inter, layers, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    hd = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
+    q_dim, kv_dim = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    per_token = 2 * layers * (2 * h * q_dim + 2 * h * kv_dim + 3 * h * inter)
+    per_pair = 4 * q_dim * layers
+    tokens = pairs = terms = 0
+    for row in rows:
+        terms += row.num_terms
+        if tree:  # kv is seen by the queries kv..subtree_end[kv]
+            tokens += row.num_tokens
+            pairs += sum(end - kv + 1 for kv, end in enumerate(row.subtree_end))
+        else:
+            tokens += sum(len(s) for s in row.samples)
+            pairs += sum(len(s) * (len(s) + 1) // 2 for s in row.samples)
+    redo = 1 if gc else 0
+    return per_token * tokens * (3 + redo) + per_pair * pairs * (3.5 + redo) + 2 * h * vocab * terms * 5
 
 
 def parse_layout(spec: str) -> tuple[str, tuple[str, bool, bool], dict]:
@@ -198,6 +226,7 @@ def layout_rows(a, vocab: int) -> dict:
     other = {k: make_samples(a.groups, a.group_size, a.prompt, a.completion + d, vocab, seed=k)
              for k, d in ((2, -37), (3, 61))}
     return {"tree": (tree, True), "packed": (plain_rows(samples, a.group_size), True), "padded": (tree, False),
+            "tree1": (tree_rows(samples, len(samples)), True), "packed1": (plain_rows(samples, len(samples)), True),
             **{f"tree{k}": (tree_rows(s, a.group_size), True) for k, s in other.items()}}
 
 
@@ -231,6 +260,8 @@ def profile_step(engine, mb, tree: bool, opts: dict, path: Path, title: str) -> 
     with open(path, "a") as f:
         f.write(f"\n## {title}: step {wall:.3f} s (profiled), kernels {busy:.3f} s busy\n")
         f.write(avg.table(sort_by="self_device_time_total", row_limit=35, max_name_column_width=60))
+        f.write(f"\n### {title}: by CPU time\n")
+        f.write(avg.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
     print(f"[profile] {title}: step {wall:.3f} s, kernels {busy:.3f} s", flush=True)
     torch.cuda.synchronize()
 
@@ -301,6 +332,7 @@ def _timed(a, spec: str, engine, rows, r: dict, n_params: int) -> dict:
                  compile_s=round(r["first_step_s"] - step, 1), tokens_per_s=round(tokens / step),
                  mfu=round(6 * n_params * tokens / step / PEAK, 3),
                  hw_mfu=round(6 * n_params * computed / step / PEAK, 3),
+                 step_tflop=round(step_flops(engine(key).model.config, lrows, tree, not a.no_gc) / 1e12, 1),
                  peak_mem_GiB=round(torch.cuda.max_memory_allocated() / 2**30, 1))
     except Exception as exc:  # noqa: BLE001
         r.setdefault("error", f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -329,11 +361,17 @@ def main() -> int:
     ap.add_argument("--profile-out")
     ap.add_argument("--barrier", help="folder shared by processes that compile together, then time in turn")
     ap.add_argument("--barrier-count", type=int, default=1)
+    ap.add_argument("--max-autotune", action="store_true",
+                    help="inductor tries several flex_attention kernel configs (matmuls stay on cuBLAS)")
     ap.add_argument("--results")
     ap.add_argument("--table")
     a = ap.parse_args()
     if a.table:
         return print_table(a.table)
+    if a.max_autotune:
+        import torch._inductor.config as inductor
+
+        inductor.max_autotune, inductor.max_autotune_gemm_backends = True, "ATEN"
     def emit(row: dict) -> None:
         if a.results:
             with open(a.results, "a") as f:
@@ -349,11 +387,19 @@ def main() -> int:
 def print_table(path: str) -> int:
     rows = [json.loads(x) for x in open(path) if x.strip()]
     cols = [("step_s", 7), ("tokens_per_s", 9), ("mfu", 6), ("hw_mfu", 7), ("compile_s", 8), ("warm_graphs", 6),
-            ("timed_graphs", 6), ("peak_mem_GiB", 6)]
+            ("timed_graphs", 6), ("peak_mem_GiB", 6), ("step_tflop", 6)]
     print(f"{'model':<11}{'layout':<18}{'tokens':>7}{'comp.':>7}" + "".join(f"{c[:8]:>{w + 1}}" for c, w in cols))
     for r in rows:
         print(f"{r['label']:<11}{r['layout']:<18}{r['tokens']:>7}{r['computed_tokens']:>7}"
               + "".join(f"{r.get(c, '-')!s:>{w + 1}}" for c, w in cols) + f"  {r.get('error', '')[:120]}")
+    print("tree against plain packing of the same rows: speed ratio (step time) and FLOP ratio (step_tflop)")
+    steps = {(r["label"], r["layout"]): r for r in rows if "step_s" in r}
+    for (label, layout), r in steps.items():
+        other = steps.get((label, layout.replace("tree", "packed", 1)))
+        if layout.startswith("tree") and other and other is not r:
+            flop = (f"{other['step_tflop'] / r['step_tflop']:.2f}" if r.get("step_tflop") and other.get("step_tflop")
+                    else "-")
+            print(f"  {label:<14}{layout:<10} {other['step_s'] / r['step_s']:.2f}x  (FLOPs {flop}x)")
     return 0
 
 
