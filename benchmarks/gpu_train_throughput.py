@@ -17,14 +17,17 @@ Layouts of the same samples (suffixes combine: `tree+noch+v65536`):
   tree2/3  the same with completions 37 shorter / 61 longer: new row lengths
   packed   plain padding-free packing: the same samples back to back in one row, each
            its own chain (block-diagonal causal), same path as tree: no sharing
-  tree1 / packed1  all groups in one row (one forward per step instead of one per group)
+  tree1 / packed1  all groups in one row: what the single-process trainer's batcher makes of
+           this batch when its token budget holds it (one forward per step, not one per group)
   padded   the Engine's unpacked path: one padded row per sample (SDPA)
   *_sdpa   the pre-flex path: tree attention as a dense [N, N] mask to SDPA, nothing compiled
   +eager   flex attention only (layers and head eager); +nocl / +noch: one of them eager
   +v<N>    vocab chunk N for the logprob head (default 32768)
   +gc<K>   gradient checkpointing on every K-th decoder layer only (gc0: off; default all)
   +<other> ignored: a second timing of the same layout (e.g. tree+r)
-`graphs` counts the dynamo graphs compiled while warming / timing a layout.
+`graphs` counts the dynamo graphs compiled while warming / timing a layout. `step_tflop` is the
+model FLOPs the step must do (`step_flops`); `--table` prints tree / plain packing of the same
+rows as a speed ratio next to that FLOP ratio, its bound.
 tokens/s counts the samples' tokens (what the step trains on); MFU = 6 * params *
 tokens / time / peak (989 TFLOP/s dense bf16, H200 SXM datasheet), attention FLOPs
 left out, so the tree's MFU can exceed what the GPU computed (it skips the repeats):
