@@ -6,7 +6,8 @@ it answers again) and is retried on another server; only after
 `request_retries` attempts does the caller see `GenerationFailed`, and then it
 re-issues the group. A request the server answered and refused (a 4xx such as 400:
 NaN logprobs, a bad prompt) is retried too, but leaves the server up for the
-others. One bad request never stops the service.
+others. One bad request never stops the service; a prompt refused every time
+stops the run with vLLM's reason (rollout/engine.py, PERMANENT_REFUSALS).
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ log = get_logger("rollout.balancer")
 
 
 class GenerationFailed(RuntimeError):
-    """Every attempt of one request failed."""
+    """Every attempt of one request failed; `refused`: every one was a refusal of the request
+    itself (a 4xx such as 400 for a prompt past max_model_len), not a server failure."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class ServerState:
@@ -68,13 +74,14 @@ class Balancer:
                        request_id: str) -> Completion:
         """One completion from some server; GenerationFailed after `retries` attempts."""
         last: Exception | None = None
+        refused = True
         for attempt in range(self.retries):
             server = await self._pick()
             server.outstanding += 1
             try:
                 out = await server.client.generate(prompt_ids, sampling, f"{request_id}-a{attempt}")
             except VLLMError as exc:
-                last = exc
+                last, refused = exc, refused and exc.request_refused
                 if not exc.request_refused:  # one refused request (e.g. 400) leaves the server up
                     await self._mark_failed(server, exc)
                 continue
@@ -85,7 +92,8 @@ class Balancer:
             if self.on_latency:
                 self.on_latency(server.client.base_url, out.latency_s)
             return out
-        raise GenerationFailed(f"request {request_id} failed {self.retries} times: {last}")
+        raise GenerationFailed(f"request {request_id} failed {self.retries} times: {last}",
+                               refused=refused and last is not None)
 
     async def _mark_failed(self, server: ServerState, exc: Exception) -> None:
         server.failures += 1

@@ -39,7 +39,9 @@ from .scoring import GroupScores, ScoringFailed, build_request
 from .vllm_client import SamplingConfig
 
 log = get_logger("rollout.engine")
-PERMANENT_SCORING_ATTEMPTS = 3
+PERMANENT_REFUSALS = 3
+"""A prompt that vLLM or the reward service refuses this many times as a bad request (not an
+outage) stops the run with the reason, instead of being re-issued forever."""
 """A prompt the reward service refuses this often (INVALID_ARGUMENT, ...) stops the run."""
 
 
@@ -80,7 +82,7 @@ class Engine:
         self.score_queue: asyncio.Queue[Group] = asyncio.Queue()
         self.drops: Counter = Counter()  # groups dropped (their prompt re-issued), by reason
         self.samples_generated = 0
-        self.refused: Counter = Counter()  # prompt key -> permanent scoring refusals
+        self.refused: Counter = Counter()  # prompt key -> refusals by vLLM or the reward service
         self.fatal: StartupError | None = None
         self.idle = IdleClock()  # no request in flight: vLLM has nothing of ours to do
         self._wake = asyncio.Event()
@@ -158,6 +160,11 @@ class Engine:
         try:
             group.completions = await self.strategy.generate(prompt, group)
         except GenerationFailed as exc:
+            fatal = self._refused_again(group, "vLLM", exc) if exc.refused else None
+            if fatal is not None:  # the run cannot finish this epoch: stop with vLLM's reason
+                self.fatal = fatal
+                self.stop()
+                return
             log.warning("group %s failed: %s; re-issuing its prompt", group.group_id, exc)
             self._drop(group, "generation_failed")
             return
@@ -292,13 +299,20 @@ class Engine:
 
     def _scoring_failed(self, group: Group, exc: ScoringFailed) -> None:
         """Re-issue later; a prompt the reward service refuses again and again stops the run."""
-        if exc.permanent:
-            self.refused[group.key] += 1
-            if self.refused[group.key] >= PERMANENT_SCORING_ATTEMPTS:
-                raise StartupError(f"the reward service refused prompt {group.key[0]} (epoch {group.key[1]}) "
-                                   f"{PERMANENT_SCORING_ATTEMPTS} times: {exc}")
+        fatal = self._refused_again(group, "the reward service", exc) if exc.permanent else None
+        if fatal is not None:
+            raise fatal
         log.warning("group %s: %s; re-issuing later", group.group_id, exc)
         self._drop(group, "scoring_failed", self.cfg.rollout.reissue_delay_s)
+
+    def _refused_again(self, group: Group, by: str, exc: Exception) -> StartupError | None:
+        """Count one more refusal of the group's prompt; past PERMANENT_REFUSALS, the error
+        that stops the run."""
+        self.refused[group.key] += 1
+        if self.refused[group.key] < PERMANENT_REFUSALS:
+            return None
+        return StartupError(f"{by} refused prompt {group.key[0]} (epoch {group.key[1]}) "
+                            f"{PERMANENT_REFUSALS} times: {exc}")
 
     def _observe_rewards(self, scored: ScoredGroup) -> None:
         if not math.isnan(scored.mean):

@@ -64,17 +64,18 @@ async def test_request_fails_after_retries_when_every_server_fails():
     a = FakeClient("a", fail=True)
     bal = Balancer([a], retries=2, backoff_s=0.01)
     a.healthy_now = True  # probes succeed, requests keep failing
-    with pytest.raises(GenerationFailed):
+    with pytest.raises(GenerationFailed) as failed:
         await bal.generate([0], S, "r")
-    assert a.calls == 2
+    assert a.calls == 2 and not failed.value.refused  # an outage: the prompt is not to blame
     await bal.close()
 
 
 async def test_a_refused_request_fails_alone_and_the_server_stays_up():
     a = FakeClient("a", refuse={7})
     bal = Balancer([a], retries=3, backoff_s=0.01)
-    with pytest.raises(GenerationFailed, match="400"):
+    with pytest.raises(GenerationFailed, match="400") as failed:
         await bal.generate([7], S, "bad")
+    assert failed.value.refused
     assert bal.servers[0].up and bal.servers[0].failures == 0 and a.calls == 3
     assert (await bal.generate([0], S, "good")).token_ids == [1]  # the others go on at once
     await bal.close()

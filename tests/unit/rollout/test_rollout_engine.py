@@ -6,6 +6,7 @@ import pytest
 from rollout_fakes import FakeSender
 
 from services.common.config import AgrpoConfig
+from services.common.preflight import StartupError
 from services.rollout.balancer import GenerationFailed
 from services.rollout.data import Prompt, PromptSet
 from services.rollout.engine import Engine
@@ -16,9 +17,10 @@ from services.rollout.vllm_client import Completion
 
 
 class FakeBalancer:
-    def __init__(self, spans=(), fail_prompts=(), block=None):
+    def __init__(self, spans=(), fail_prompts=(), block=None, refuse_prompts=()):
         self.spans = list(spans)
         self.fail_prompts = set(fail_prompts)
+        self.refuse_prompts = set(refuse_prompts)  # refused by vLLM every time (400)
         self.block = block
         self.active = 0
         self.peak = 0
@@ -31,6 +33,8 @@ class FakeBalancer:
             if self.block is not None:
                 await self.block.wait()
             await asyncio.sleep(0.001)
+            if prompt_ids[0] in self.refuse_prompts:
+                raise GenerationFailed("400: prompt longer than max_model_len", refused=True)
             if prompt_ids[0] in self.fail_prompts:
                 self.fail_prompts.discard(prompt_ids[0])
                 raise GenerationFailed("boom")
@@ -111,6 +115,13 @@ async def test_failed_generation_reissues_the_prompt():
     await run_until(eng, lambda: len(sender.groups) == 4)
     assert eng.drops == {"generation_failed": 1} and sched.reissued == 1
     assert sorted(k for k, _, _ in sender.groups) == [(i, 0) for i in range(4)]
+
+
+async def test_a_prompt_vllm_always_refuses_stops_the_run_with_the_reason():
+    eng, sched, sender = make(balancer=FakeBalancer(refuse_prompts={102}))
+    with pytest.raises(StartupError, match=r"vLLM refused prompt 2 \(epoch 0\) 3 times: 400: prompt longer"):
+        await asyncio.wait_for(eng.run(), 10)
+    assert eng.drops["generation_failed"] == 2  # re-issued twice, then the run stops
 
 
 async def test_version_bump_aborts_stale_inflight_groups_and_reissues():
