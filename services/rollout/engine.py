@@ -42,7 +42,6 @@ log = get_logger("rollout.engine")
 PERMANENT_REFUSALS = 3
 """A prompt that vLLM or the reward service refuses this many times as a bad request (not an
 outage) stops the run with the reason, instead of being re-issued forever."""
-"""A prompt the reward service refuses this often (INVALID_ARGUMENT, ...) stops the run."""
 
 
 def build_strategy(cfg, tokenizer, ctx: GenerationContext):
