@@ -7,7 +7,9 @@
 #   bash scripts/gpu/run_rollout_bench.sh
 # Knobs: PRESETS="tiny" (add qwen2-0.5b for a 0.5B-shaped model), INFLIGHT=64,256,512, PROMPT_TOKENS=1000,
 #   MAX_TOKENS=512, WAVES=3 (requests per run = WAVES x in flight), REPEATS=1, BUDGET=480 (s, whole script),
-#   EAGER_TINY=1 (tiny runs --enforce-eager), EAGER_BIG=0 (the 0.5B model with CUDA graphs), BENCH_ARGS="".
+#   EAGER_TINY=1 (tiny runs --enforce-eager), EAGER_BIG=0 (the 0.5B model with CUDA graphs), BENCH_ARGS="",
+#   VLLM_ARGS="" (more vllm serve flags, e.g. "--api-server-count 4": past the one API server's
+#   ~12k tok/s cap that both clients hit in docs/gpu.md; not yet run)
 # Into $OUT: run.log (the tables), vllm-<preset>.log
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
@@ -39,7 +41,7 @@ serve() {  # preset eager(0/1) log
   CUDA_VISIBLE_DEVICES=0 setsid python3 -m vllm.entrypoints.cli.main serve "/tmp/rb_$1" --tokenizer "/tmp/rb_$1_tok" \
     --host 127.0.0.1 --port "$PORT" "${eager[@]}" --attention-backend FLASH_ATTN --dtype bfloat16 \
     --max-model-len "$MAX_LEN" --max-num-seqs 1024 --gpu-memory-utilization 0.3 --seed 0 \
-    --logprobs-mode processed_logprobs > "$3" 2>&1 &
+    --logprobs-mode processed_logprobs ${VLLM_ARGS:-} > "$3" 2>&1 &
   VP=$!
 }
 stop_vllm() {
