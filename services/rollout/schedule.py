@@ -105,6 +105,9 @@ class PromptScheduler:
 
     # State
     def exhausted(self) -> bool:
-        """Every epoch issued and nothing left to re-issue or wait for."""
+        """Every epoch issued and nothing left to re-issue or wait for. A re-issue of a key
+        that got done meanwhile (a lost key whose held group reached the new trainer) does not
+        count: `next` would skip it, and nothing may call `next` again once the work is done."""
         fresh_left = self.num_epochs is None or self.epoch < self.num_epochs
-        return not fresh_left and not self._reissue and not self.pending
+        reissue_left = any(k not in self.done for _, k in self._reissue)
+        return not fresh_left and not reissue_left and not self.pending

@@ -145,6 +145,12 @@ class Sender:
 
     # Writing
     async def _write_loop(self, call) -> None:
+        try:
+            await self._write_all(call)
+        except asyncio.InvalidStateError:
+            pass  # the call ended under us (trainer gone): the reading side reconnects
+
+    async def _write_all(self, call) -> None:
         while True:
             sample = self._next_sendable()
             if sample is None:

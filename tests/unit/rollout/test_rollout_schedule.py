@@ -58,6 +58,18 @@ def test_resume_reissues_keys_the_trainer_lost():
     assert sorted(drain(s)) == [(1, 0), (2, 0)]
 
 
+def test_a_lost_key_done_before_its_reissue_leaves_nothing_to_wait_for():
+    s = PromptScheduler(orders(2), num_epochs=1)
+    keys = drain(s)
+    for k in keys:
+        s.trained(k)
+    assert s.resume(completed_epochs=0, trained=[(0, 0)]) == 1
+    assert not s.exhausted()  # (1, 0) is to be issued again
+    s.trained((1, 0))  # ... but its held group reached the new trainer first
+    assert s.exhausted()
+    assert s.next() is None
+
+
 def test_unbounded_epochs_keep_going():
     s = PromptScheduler(orders(2), num_epochs=None)
     keys = [s.next() for _ in range(7)]
