@@ -118,6 +118,11 @@ class Engine:
         self._stop.set()
         self._wake.set()
 
+    def halt(self, error: StartupError) -> None:
+        """The run cannot go on: stop generating; `run` raises `error` once it has wound down."""
+        self.fatal = error
+        self.stop()
+
     # Issue loop
     async def run(self) -> None:
         """Issue groups until stopped; scoring workers run beside it."""
@@ -161,8 +166,7 @@ class Engine:
         except GenerationFailed as exc:
             fatal = self._refused_again(group, "vLLM", exc) if exc.refused else None
             if fatal is not None:  # the run cannot finish this epoch: stop with vLLM's reason
-                self.fatal = fatal
-                self.stop()
+                self.halt(fatal)
                 return
             log.warning("group %s failed: %s; re-issuing its prompt", group.group_id, exc)
             self._drop(group, "generation_failed")
@@ -256,8 +260,7 @@ class Engine:
             try:
                 await self._score_group(group)
             except StartupError as exc:  # the run cannot work: stop generating, fail the service
-                self.fatal = exc
-                self.stop()
+                self.halt(exc)
                 return
             except Exception:  # noqa: BLE001 - one bad group must not stop scoring
                 log.exception("scoring group %s crashed; re-issuing", group.group_id)

@@ -12,6 +12,12 @@ def drain(s):
     return out
 
 
+def train_all(s):
+    """Issue every key and have the trainer take each."""
+    for k in drain(s):
+        s.trained(k)
+
+
 def test_walks_epochs_in_order_then_stops():
     s = PromptScheduler(orders(3), num_epochs=2)
     keys = drain(s)
@@ -51,18 +57,14 @@ def test_resume_skips_trained_and_starts_at_completed_epoch():
 
 def test_resume_reissues_keys_the_trainer_lost():
     s = PromptScheduler(orders(3), num_epochs=1)
-    keys = drain(s)
-    for k in keys:
-        s.trained(k)
+    train_all(s)
     assert s.resume(completed_epochs=0, trained=[(0, 0)]) == 2
     assert sorted(drain(s)) == [(1, 0), (2, 0)]
 
 
 def test_a_lost_key_done_before_its_reissue_leaves_nothing_to_wait_for():
     s = PromptScheduler(orders(2), num_epochs=1)
-    keys = drain(s)
-    for k in keys:
-        s.trained(k)
+    train_all(s)
     assert s.resume(completed_epochs=0, trained=[(0, 0)]) == 1
     assert not s.exhausted()  # (1, 0) is to be issued again
     s.trained((1, 0))  # ... but its held group reached the new trainer first
