@@ -27,7 +27,9 @@ within the deadline, after the first `--warmup` seconds, against capacity. The s
 
 On a small machine the load generator's CPU is taken from the server it measures (at 10x it
 sends ten times the calls it sends at capacity): `--server-cpus 0 --client-cpus 1` gives each
-its own cores, as when the load comes from other machines.
+its own cores, as when the load comes from other machines. `--worker-cpus 1,2` then moves the
+scoring workers off the front's cores (`--server-cpus 0`), so refusing the excess takes no CPU
+from scoring.
 """
 
 from __future__ import annotations
@@ -152,6 +154,29 @@ def start_server(workers: int, max_queue: int | None = 1024, cpus: str | None = 
     raise RuntimeError("agrpo reward did not start")
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (the fork server and the workers it forked)."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").iterdir():
+            children = (task / "children").read_text().split()
+            out += [int(c) for c in children]
+            todo += [int(c) for c in children]
+    return out
+
+
+def pin_workers(proc: subprocess.Popen, cpus: str) -> int:
+    """Move every thread of the server's child processes (its scoring workers) to `cpus`;
+    the front keeps the cores it was started on. Returns how many processes moved."""
+    cores = {int(c) for c in cpus.split(",")}
+    moved = descendants(proc.pid)
+    for pid in moved:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            os.sched_setaffinity(int(task.name), cores)
+    return len(moved)
+
+
 async def closed_loop(stub, requests: list[pb.ScoreRequest], concurrency: int,
                       duration_s: float) -> float:
     """OK scores per second with `concurrency` callers for `duration_s` (fresh requests)."""
@@ -204,7 +229,9 @@ def overload_report(results: list[tuple[str, float, float, int]], capacity: floa
     codes: dict[str, int] = {}
     for code, *_ in results:
         codes[code] = codes.get(code, 0) + 1
-    print(f"sent {total} requests; " + ", ".join(
+    last_sent = max(sent for _, sent, _, _ in results)
+    print(f"sent {total} requests (the last {last_sent:.1f} s in; a load generator that keeps up: "
+          f"{duration_s:g} s); " + ", ".join(
         f"{code} {n / total:.1%}" for code, n in sorted(codes.items(), key=lambda kv: -kv[1])))
     for code in ("RESOURCE_EXHAUSTED", "OK"):
         lat = sorted(latency for c, _, latency, _ in results if c == code)
@@ -221,6 +248,9 @@ def overload_report(results: list[tuple[str, float, float, int]], capacity: floa
 async def overload(args: argparse.Namespace) -> None:
     """Capacity in a closed loop, then `args.overload` times it in an open loop."""
     proc, port = start_server(args.workers, args.max_queue, args.server_cpus)
+    if args.worker_cpus:
+        print(f"{pin_workers(proc, args.worker_cpus)} processes of the server's workers moved to "
+              f"cores {args.worker_cpus}")
     if args.client_cpus:  # the load generator: on cores of its own, like another machine's
         os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
     channel = open_channel(f"localhost:{port}", [SERVICE], deadline_s=120)
@@ -235,7 +265,8 @@ async def overload(args: argparse.Namespace) -> None:
         rate = args.overload * capacity / args.group
         print(f"accuracy_reward, style={args.style}, groups of {args.group}, {args.workers} workers, "
               f"{os.cpu_count()} CPUs, max_queue {args.max_queue or 'default'}, server on cores "
-              f"{args.server_cpus or 'all'}, load generator on {args.client_cpus or 'all'}")
+              f"{args.server_cpus or 'all'}, workers on {args.worker_cpus or 'the same'}, load generator "
+              f"on {args.client_cpus or 'all'}")
         print(f"capacity {capacity:.1f} scores/s ({concurrency} callers, closed loop); sending "
               f"{rate:.1f} requests/s ({args.overload:g}x) for {args.duration:g} s, "
               f"deadline {args.deadline:g} s")
@@ -309,5 +340,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-queue", type=int, default=None,
                         help="overload: the server's reward.max_queue (default: the server's)")
     parser.add_argument("--server-cpus", default=None, help="overload: taskset cores of the server, e.g. 0")
+    parser.add_argument("--worker-cpus", default=None,
+                        help="overload: move the server's scoring workers to these cores, e.g. 1,2")
     parser.add_argument("--client-cpus", default=None, help="overload: cores of the load generator, e.g. 1")
     asyncio.run(main(parser.parse_args()))

@@ -101,7 +101,9 @@ class RewardSection(ServiceSection):
     port: int = Field(50053, ge=0, le=65535)
     metrics_port: int | None = Field(9103, ge=0, le=65535)
     num_workers: int = Field(2, ge=1)
-    """Worker processes that run reward code."""
+    """Worker processes that run reward code. Under overload the gRPC front needs CPU too (about
+    0.3 ms per call, refused or not): give the service two cores more than this
+    (docs/reward-api.md, "Goodput under 10x overload")."""
     call_timeout_s: float = Field(10.0, gt=0)
     """Deadline of one reward function on one request; past it the worker is killed."""
     max_queue: int = Field(256, ge=1)
