@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import grpc
@@ -57,7 +57,7 @@ class Sender:
         # on_heard, on_sent, is_stale, version, heartbeat
         self.samples: OrderedDict[str, common_pb2.RolloutSample] = OrderedDict()
         self.groups: dict[str, _Group] = {}
-        self.unsent: deque[str] = deque()
+        self.unsent: OrderedDict[str, None] = OrderedDict()  # produced, not sent: send order
         self.credits = 0
         self.connected = False
         self.done = asyncio.Event()
@@ -72,8 +72,9 @@ class Sender:
 
     @property
     def unsent_count(self) -> int:
-        """Samples produced and not sent yet: each still needs a credit."""
-        return sum(1 for sid in self.unsent if sid in self.samples)
+        """Samples produced and not sent yet: each still needs a credit (asked at every
+        capacity check, so it is a count kept, not a walk of the queue)."""
+        return len(self.unsent)
 
     def add_group(self, key: tuple[int, int], version: int, samples: list) -> None:
         """Queue a scored group for sending."""
@@ -82,7 +83,7 @@ class Sender:
         self.groups[gid] = _Group(key, version, [s.sample_id for s in samples], versions)
         for s in samples:
             self.samples[s.sample_id] = s
-            self.unsent.append(s.sample_id)
+            self.unsent[s.sample_id] = None
         self._wake.set()
 
     # Connection loop
@@ -118,7 +119,7 @@ class Sender:
         # lost samples it acknowledged as TRAINED (it de-duplicates those it kept).
         for g in self.groups.values():
             g.outcomes.clear()
-        self.unsent = deque(self.samples)
+        self.unsent = OrderedDict.fromkeys(self.samples)
         log.info("PushSamples connected: %d credits, %d samples to (re)send", first.credits, len(self.unsent))
         self._on_response(first)
         writer = asyncio.create_task(self._write_loop(call))
@@ -167,17 +168,13 @@ class Sender:
 
     def _next_sendable(self):
         while self.credits > 0 and self.unsent:
-            sid = self.unsent[0]
-            sample = self.samples.get(sid)
-            if sample is None:
-                self.unsent.popleft()
-                continue
+            sample = self.samples[next(iter(self.unsent))]  # a forgotten group leaves unsent too
             group = self.groups[sample.group_id]
             if not group.started and self._too_stale(group.version):
                 self._drop_stale(sample.group_id)
                 continue
             group.started = True
-            self.unsent.popleft()
+            self.unsent.popitem(last=False)
             return sample
         return None
 
@@ -211,6 +208,7 @@ class Sender:
         group = self.groups.pop(gid)
         for sid in group.sample_ids:
             self.samples.pop(sid, None)
+            self.unsent.pop(sid, None)
         self._wake.set()
 
     # Reading
