@@ -166,14 +166,27 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def cores(text: str) -> set[int]:
+    """Core numbers from taskset's list form ("0" or "1,2")."""
+    return {int(c) for c in text.split(",")}
+
+
+def cpu_list(text: str) -> str:
+    """argparse type: a core list, checked, kept as text (taskset takes it as it is)."""
+    try:
+        cores(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of core numbers: {text!r} (e.g. 0 or 1,2)") from None
+    return text
+
+
 def pin_workers(proc: subprocess.Popen, cpus: str) -> int:
     """Move every thread of the server's child processes (its scoring workers) to `cpus`;
     the front keeps the cores it was started on. Returns how many processes moved."""
-    cores = {int(c) for c in cpus.split(",")}
     moved = descendants(proc.pid)
     for pid in moved:
         for task in Path(f"/proc/{pid}/task").iterdir():
-            os.sched_setaffinity(int(task.name), cores)
+            os.sched_setaffinity(int(task.name), cores(cpus))
     return len(moved)
 
 
@@ -252,7 +265,7 @@ async def overload(args: argparse.Namespace) -> None:
         print(f"{pin_workers(proc, args.worker_cpus)} processes of the server's workers moved to "
               f"cores {args.worker_cpus}")
     if args.client_cpus:  # the load generator: on cores of its own, like another machine's
-        os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
+        os.sched_setaffinity(0, cores(args.client_cpus))
     channel = open_channel(f"localhost:{port}", [SERVICE], deadline_s=120)
     stub = reward_grpc.RewardServiceStub(channel)
     try:
@@ -339,8 +352,10 @@ if __name__ == "__main__":
                         help="seconds of the overload phase left out of the goodput")
     parser.add_argument("--max-queue", type=int, default=None,
                         help="overload: the server's reward.max_queue (default: the server's)")
-    parser.add_argument("--server-cpus", default=None, help="overload: taskset cores of the server, e.g. 0")
-    parser.add_argument("--worker-cpus", default=None,
+    parser.add_argument("--server-cpus", type=cpu_list, default=None,
+                        help="overload: taskset cores of the server, e.g. 0")
+    parser.add_argument("--worker-cpus", type=cpu_list, default=None,
                         help="overload: move the server's scoring workers to these cores, e.g. 1,2")
-    parser.add_argument("--client-cpus", default=None, help="overload: cores of the load generator, e.g. 1")
+    parser.add_argument("--client-cpus", type=cpu_list, default=None,
+                        help="overload: cores of the load generator, e.g. 1")
     asyncio.run(main(parser.parse_args()))
