@@ -10,7 +10,7 @@ core 0; the trainer, rollout, reward and vLLM's API server share core 1 (taskset
 generation and training really run in parallel. (With rollout and reward beside vLLM, its core
 was the bottleneck of both schedules: 0.37 / 0.25 s per step sync / async against 0.27 / 0.22
 with vLLM alone. Its API server took a third of that core; moved to core 1 it took async from
-0.26 to 0.21 s per step, sync from 0.36 to 0.34.)
+0.25-0.27 to 0.20 s per step, sync from 0.37-0.39 to 0.25-0.32.)
 
 Per run, after `--warmup` steps: step time; for sync, Tg (waiting for samples) and Tt (the rest of
 a step: train and weight sync), the ideal async speed-up (Tg + Tt) / max(Tg, Tt), and ideal_ws, the
@@ -90,7 +90,7 @@ def run_one(label: str, schedule: str, staleness: int, seed: int, a, variant: di
     merge(overrides, {"trainer": {"schedule": schedule}})
     opts = runner.DemoOptions(steps=a.steps, num_prompts=a.num_prompts, out=out, cache=a.cache,
                               max_staleness=staleness, learning_rate=a.learning_rate, overrides=overrides,
-                              cpus={} if a.no_pin else dict(kv.split("=") for kv in a.pin.split(",")))
+                              cpus={} if a.no_pin else a.pin)
     print(f"[bench] {name}: schedule={schedule} max_staleness={staleness} seed={seed}", flush=True)
     summary = runner.run(opts)
     rows = report.read_steps(out / "metrics.jsonl")
@@ -197,6 +197,44 @@ def plot(results: list[dict], out: Path) -> Path | None:
     return path
 
 
+def run_plan(seeds: list[int], stalenesses: list[int], variants: list[tuple[str, dict]]) -> list[tuple]:
+    """(label, schedule, max_staleness, seed, variant) per run: per seed sync, then every async
+    staleness, each followed by its variants."""
+    plan = []
+    for seed in seeds:
+        plan.append(("sync", "sync", 0, seed, None))
+        for s in stalenesses:
+            plan.append((f"async_s{s}", "async", s, seed, None))
+            plan += [(f"async_s{s}_{name}", "async", s, seed, variant) for name, variant in variants]
+    return plan
+
+
+PIN_KEYS = ("vllm", "vllm_front", "trainer", "rollout", "reward")
+
+
+def pin_spec(text: str) -> dict[str, str]:
+    """argparse type: "vllm=0,trainer=1" -> {"vllm": "0", "trainer": "1"} (a range as 0-1),
+    every key one of PIN_KEYS and every core one this process may use."""
+    import os
+
+    from services.common.affinity import cores
+
+    usable, out = os.sched_getaffinity(0), {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if key not in PIN_KEYS or not sep:
+            raise argparse.ArgumentTypeError(f"{item!r}: want name=cores, name one of {', '.join(PIN_KEYS)}")
+        try:
+            wanted = cores(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r}: not a core number or range (e.g. 0 or 0-1)") from None
+        if not wanted <= usable:
+            raise argparse.ArgumentTypeError(f"{item!r}: cores {sorted(wanted - usable)} are not usable here "
+                                             f"(usable: {sorted(usable)})")
+        out[key] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=30)
@@ -210,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
                    help="also run every async staleness with this extra config (repeatable), "
                         "e.g. 'cw24={\"trainer\": {\"credit_window\": 24}}'")
-    p.add_argument("--pin", default="vllm=0,vllm_front=1,rollout=1,reward=1,trainer=1",
+    p.add_argument("--pin", type=pin_spec, default="vllm=0,vllm_front=1,rollout=1,reward=1,trainer=1",
                    help="service=cores for taskset (default: vLLM's engine and model alone on core 0; "
                         "its API server (vllm_front), the trainer, rollout and reward on core 1)")
     p.add_argument("--no-pin", action="store_true", help="do not pin vLLM and the trainer to cores")
@@ -218,14 +256,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=Path(".cache"))
     a = p.parse_args(argv)
     variants = [(v.split("=", 1)[0], json.loads(v.split("=", 1)[1])) for v in a.variant]
-    results = []
-    for seed in [int(x) for x in a.seeds.split(",")]:
-        results.append(run_one("sync", "sync", 0, seed, a))
-        for s in [int(x) for x in a.staleness.split(",") if x]:
-            results.append(run_one(f"async_s{s}", "async", s, seed, a))
-            for name, variant in variants:
-                results.append(run_one(f"async_s{s}_{name}", "async", s, seed, a, variant))
-        (a.out / "speedup.json").write_text(json.dumps(results, indent=2))
+    results: list[dict] = []
+    plan = run_plan([int(x) for x in a.seeds.split(",")], [int(x) for x in a.staleness.split(",") if x], variants)
+    try:
+        for label, schedule, staleness, seed, variant in plan:
+            results.append(run_one(label, schedule, staleness, seed, a, variant))
+            (a.out / "speedup.json").write_text(json.dumps(results, indent=2))  # kept if stopped later
+    except KeyboardInterrupt:  # the demo has stopped its processes
+        print(f"\n[bench] interrupted after {len(results)} of {len(plan)} runs"
+              + (f"; they are in {a.out / 'speedup.json'}" if results else ""), file=sys.stderr)
+        return 130
     print("\n".join(table(results) + aggregate(results, a.good)))
     path = plot(results, a.out)
     if path:
