@@ -71,7 +71,7 @@ class Balancer:
                 await self._changed.wait()
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
-                       request_id: str) -> Completion:
+                       request_id: str, cache_salt: str | None = None) -> Completion:
         """One completion from some server; GenerationFailed after `retries` attempts."""
         last: Exception | None = None
         refused = True
@@ -79,7 +79,7 @@ class Balancer:
             server = await self._pick()
             server.outstanding += 1
             try:
-                out = await server.client.generate(prompt_ids, sampling, f"{request_id}-a{attempt}")
+                out = await server.client.generate(prompt_ids, sampling, f"{request_id}-a{attempt}", cache_salt)
             except VLLMError as exc:
                 last, refused = exc, refused and exc.request_refused
                 if not exc.request_refused:  # one refused request (e.g. 400) leaves the server up

@@ -32,6 +32,13 @@ class Group:
         """vLLM request id of generation i (turns add their own suffix)."""
         return f"{self.group_id}-{i}"
 
+    @property
+    def cache_salt(self) -> str:
+        """vLLM's prefix-cache salt: a prompt's cached KV is reused only by requests dispatched at
+        the same version, never across a weight update (which may keep running requests and so
+        cannot always drop the cache: trainer.recompute_in_flight false)."""
+        return f"v{self.dispatch_version}"
+
 
 @dataclass
 class GenerationContext:

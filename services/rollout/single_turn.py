@@ -33,7 +33,8 @@ class SingleTurn:
     async def _one(self, prompt_ids: list[int], group: Group, i: int) -> Completion:
         try:
             async with self.ctx.request_slots:
-                out = await self.ctx.balancer.generate(prompt_ids, self.ctx.sampling, group.request_id(i))
+                out = await self.ctx.balancer.generate(prompt_ids, self.ctx.sampling, group.request_id(i),
+                                                        group.cache_salt)
         finally:
             self.ctx.release(group, 1)
         self.ctx.count_tokens(len(out.token_ids))

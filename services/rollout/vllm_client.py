@@ -169,14 +169,16 @@ class VLLMClient:
             return None
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
-                       request_id: str) -> Completion:
-        """One completion; raises VLLMError on any failure."""
+                       request_id: str, cache_salt: str | None = None) -> Completion:
+        """One completion; raises VLLMError on any failure. Requests share cached prompt KV only
+        under the same `cache_salt`."""
+        salt = {"cache_salt": cache_salt} if cache_salt else {}
         t0 = time.monotonic()
         try:
             if self.info is not None and self.info.has_generate:
-                out = await self._generate_tokens(prompt_ids, sampling, request_id)
+                out = await self._generate_tokens(prompt_ids, sampling, request_id, salt)
             else:
-                out = await self._completions(prompt_ids, sampling, request_id)
+                out = await self._completions(prompt_ids, sampling, request_id, salt)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, TypeError,
                 ValueError) as exc:
             status = exc.status if isinstance(exc, aiohttp.ClientResponseError) else None
@@ -194,11 +196,11 @@ class VLLMClient:
                 raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message=text)
             return await r.json(content_type=None)
 
-    async def _generate_tokens(self, prompt_ids, sampling, request_id) -> Completion:
+    async def _generate_tokens(self, prompt_ids, sampling, request_id, extra: dict) -> Completion:
         params = {**sampling.params(), "logprobs": 0}
         data = await self._post("/inference/v1/generate", {
             "request_id": request_id, "token_ids": prompt_ids, "sampling_params": params,
-            "model": self.model})
+            "model": self.model, **extra})
         choice = data["choices"][0]
         content = (choice.get("logprobs") or {}).get("content") or []
         spans = [(str(s["version"]), int(s["start"]), int(s["end"]))
@@ -206,12 +208,12 @@ class VLLMClient:
         return Completion(list(choice["token_ids"]), [float(c["logprob"]) for c in content],
                           choice.get("finish_reason"), spans)
 
-    async def _completions(self, prompt_ids, sampling, request_id) -> Completion:
+    async def _completions(self, prompt_ids, sampling, request_id, extra: dict) -> Completion:
         params = sampling.params()
         params.pop("n")
         data = await self._post("/v1/completions", {
             "model": self.model, "prompt": prompt_ids, "n": 1, "logprobs": 0,
-            "return_token_ids": True, "request_id": request_id, **params})
+            "return_token_ids": True, "request_id": request_id, **params, **extra})
         choice = data["choices"][0]
         spans = [(str(s["version"]), int(s["start"]), int(s["end"]))
                  for s in choice.get("weight_versions") or []]

@@ -56,7 +56,7 @@ def build_loop(app) -> TrainerLoop:
         log.warning("%s holds no optimizer state (save_only_model): optimizer starts fresh", ckpt)
     syncer = WeightSyncer(cfg.vllm_urls, make_transport(cfg, device), cfg.weight_sync_phase_timeout,
                           cfg.weight_sync_timeout, load_mode=cfg.trainer.weight_load,
-                          recompute_in_flight=cfg.trainer.recompute_in_flight)
+                          recompute_in_flight=cfg.trainer.recompute_in_flight, swap=cfg.trainer.weight_swap)
     step_log = StepLogger(app.metrics_file, cfg.logging_steps, cfg.report_to, cfg.run_name, cfg.logging_dir, cfg.project)
     return TrainerLoop(cfg, engine, tokenizer, syncer, app.state, app.buffer, app.intake, app.board,
                        app.metrics, step_log, app.record, app.ranks)

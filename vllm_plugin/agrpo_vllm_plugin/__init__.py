@@ -1,4 +1,5 @@
-"""vLLM general plugin that adds the ``cpu_http`` weight-transfer backend.
+"""vLLM general plugin: the ``cpu_http`` weight-transfer backend, and the one-call weight
+swap in the engine core (``agrpo_swap``, swap.py).
 
 Why: every weight-transfer backend built into vLLM (nccl, ipc, ...) needs CUDA,
 so on a CPU-only machine the official RL flow (``/init_weight_transfer_engine`` ->
@@ -15,8 +16,12 @@ BACKEND_NAME = "cpu_http"
 
 
 def register() -> None:
-    """Register ``cpu_http`` with vLLM's weight-transfer factory (lazily)."""
+    """Register ``cpu_http`` with vLLM's weight-transfer factory (lazily) and install the swap."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    from .swap import install
+
+    install()
 
     # Plugins can be loaded more than once per process and the factory raises on
     # duplicate names, so check first.

@@ -168,6 +168,11 @@ class TrainerSection(ServiceSection):
     direct: our worker extension loads the tensors as-is (CUDA, unquantized; start vLLM with
     --worker-extension-cls agrpo_vllm_plugin.worker.AgrpoWorkerExtension). auto: direct where
     the server's extension agrees, else vllm."""
+    weight_swap: bool = True
+    """vLLM's flow with the http or shared_path transport: one request, and vLLM's engine core
+    itself pauses, loads, resets its prefix cache, labels the version and resumes, between two
+    scheduler steps (our vLLM plugin, agrpo_vllm_plugin/swap.py). False, or a server without the
+    plugin: one HTTP call per phase, generation paused across all of them."""
     shared_weights_dir: Path | None = None
     """Folder vLLM can read, for the shared_path transport."""
     metrics_jsonl: Path | None = None
@@ -215,7 +220,8 @@ class TrainerSection(ServiceSection):
     """At a weight sync, requests in flight at vLLM are preempted and recomputed under the new
     weights (TRL's /pause semantics). False: they go on with the KV cache they have (PipelineRL's
     in-flight update); their later tokens come from the new weights, and the per-token version
-    spans say so. Only the prefix cache of the old weights is dropped. Pacing does not count on
+    spans say so. vLLM cannot drop the prefix cache while they hold it, so rollout salts each
+    prompt's cache with its dispatch version: no request reuses KV of other weights. Pacing does not count on
     it yet: at max_staleness 1 one demo run in three dropped 4.4% of its samples as stale. On the
     demo task (max_staleness 2, 9 seeds) it reached a good reward 0.90x and 0.71x as fast as the
     default, but one run never learned (docs/architecture.md, Pacing)."""

@@ -25,6 +25,7 @@ DIRECT_CHECK = "agrpo_direct_load_check"
 DIRECT_LOAD = "agrpo_load_weights"
 IPC_CHECK = "agrpo_ipc_check"  # the CUDA IPC transport's (weight_sync/ipc.py); NCCL asks it too
 IPC_LOAD = "agrpo_load_ipc"
+SWAP_METHOD = "agrpo_swap"  # handled by vLLM's engine core itself (vllm_plugin/agrpo_vllm_plugin/swap.py)
 
 
 class VLLMAdmin:

@@ -13,6 +13,12 @@ cache semantics as /pause, without its 20 ms settle sleep and the reload machine
 "auto" asks each server's extension at init and falls back to "vllm". The ipc transport
 (vLLM on the trainer's GPU, weight_sync/ipc.py) always loads directly.
 
+"swap" (vLLM's flow with a transport whose payload travels in the request: http, shared_path;
+the server's engine must have our plugin, asked at init): all of the above in one
+/collective_rpc call, `agrpo_swap`, that vLLM's engine core runs itself between two scheduler
+steps (vllm_plugin/agrpo_vllm_plugin/swap.py). Generation stops for the load only, not for
+six HTTP round trips.
+
 Each phase has `phase_timeout`, the whole server sync `total_timeout`; any failure is a
 WeightSyncError naming the phase. Servers are synced concurrently; one that fails is
 reported (not fatal) and left paused so it never serves half-loaded weights.
@@ -23,6 +29,7 @@ version: a restarted server comes back with "default", a failed one with an old 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,7 +39,7 @@ import aiohttp
 from services.common.logging import get_logger
 from services.common.vllm_process import parse_vllm_version
 
-from .client import VLLMAdmin, WeightSyncError
+from .client import SWAP_METHOD, VLLMAdmin, WeightSyncError
 from .transports import Prepared
 
 log = get_logger("trainer.weight_sync")
@@ -58,6 +65,11 @@ class SyncReport:
         return not self.errors
 
 
+def _first_answer(results: list) -> dict:
+    """The engine's answer to agrpo_swap: the one dict /collective_rpc returns, else {}."""
+    return results[0] if results and isinstance(results[0], dict) else {}
+
+
 class _Server:
     def __init__(self, admin: VLLMAdmin) -> None:
         self.admin = admin
@@ -65,6 +77,7 @@ class _Server:
         self.label: str | None = None
         self.labels = True  # the server keeps a weight label (direct load asks; vLLM's flow always sends it)
         self.quick_pause = False  # pause with /sleep level 0 (vLLM >= 0.26), not /pause's 20 ms settle sleep
+        self.swap = False  # the whole vLLM flow in one agrpo_swap call (the engine has our plugin)
 
 
 class WeightSyncer:
@@ -72,11 +85,12 @@ class WeightSyncer:
 
     def __init__(self, urls: list[str], transport, phase_timeout: float, total_timeout: float,
                  on_phase: PhaseHook | None = None, load_mode: str = "auto",
-                 recompute_in_flight: bool = True) -> None:
+                 recompute_in_flight: bool = True, swap: bool = False) -> None:
         if load_mode not in LOAD_MODES:
             raise ValueError(f"weight load mode must be one of {LOAD_MODES}, got {load_mode!r}")
         self.load_mode = load_mode
         self.recompute_in_flight = recompute_in_flight  # trainer.recompute_in_flight
+        self.swap = swap  # trainer.weight_swap: where the server and the transport allow it
         self.urls = list(urls)
         self.transport = transport
         self.phase_timeout, self.total_timeout = phase_timeout, total_timeout
@@ -149,11 +163,34 @@ class WeightSyncer:
         if not server.initialized:
             await self._phase(server, "init", lambda: self._init(server), report, current)
             server.initialized = True
-        pause = admin.pause_scheduler if admin.direct or server.quick_pause else \
-            (lambda: admin.pause(clear_cache=self.recompute_in_flight))
-        for phase, run in [("pause", pause), *self._update_steps(server, prepared)]:
-            await self._phase(server, phase, run, report, current)
+        if server.swap:
+            await self._phase(server, "update", lambda: self._swap(admin, prepared, report), report, current)
+        else:
+            pause = admin.pause_scheduler if admin.direct or server.quick_pause else \
+                (lambda: admin.pause(clear_cache=self.recompute_in_flight))
+            for phase, run in [("pause", pause), *self._update_steps(server, prepared)]:
+                await self._phase(server, phase, run, report, current)
         server.label = str(prepared.version)
+
+    async def _swap(self, admin: VLLMAdmin, prepared: Prepared, report: SyncReport) -> None:
+        """vLLM's flow in one call that the engine core runs between two scheduler steps; its
+        own timings become the phases drain (waiting for the step in flight), load and reset."""
+        spec = {"calls": [{"method": "start_weight_update"},
+                          *({"method": "update_weights", "kwargs": {"update_info": info}}
+                            for info in prepared.update_infos),
+                          {"method": "finish_weight_update"}],
+                "on_failure": [{"method": "finish_weight_update"}],
+                "label": str(prepared.version), "failed_label": PARTIAL_LABEL,
+                # Kept requests hold cache blocks, so the cache cannot be reset under them; rollout
+                # salts each prompt's cache by version instead (Group.cache_salt).
+                "reset_prefix_cache": self.recompute_in_flight, "reset_running": self.recompute_in_flight,
+                "timeout": self.phase_timeout}
+        results = await admin.rpc("update", SWAP_METHOD, json.dumps(spec))
+        answer = _first_answer(results)
+        if not answer.get("ok"):
+            raise WeightSyncError("update", admin.url, f"agrpo_swap refused: {answer.get('why') or results!r}")
+        for phase, key in (("drain", "drain_s"), ("load", "load_s"), ("reset_prefix_cache", "reset_s")):
+            report.phase_s[phase] = max(report.phase_s.get(phase, 0.0), float(answer.get(key, 0.0)))
 
     async def _phase(self, server: _Server, phase: str, run: Callable[[], Awaitable[None]],
                      report: SyncReport, current: list[str]) -> None:
@@ -165,8 +202,8 @@ class WeightSyncer:
         try:
             await run()
         except WeightSyncError:
-            if phase in ("update", "reset_prefix_cache", "finish"):
-                await self._abandon_update(server)
+            if phase in ("update", "reset_prefix_cache", "finish") and not server.swap:
+                await self._abandon_update(server)  # a failed swap closed the update itself
             raise
         report.phase_s[phase] = max(report.phase_s.get(phase, 0.0), time.perf_counter() - t)
 
@@ -208,6 +245,7 @@ class WeightSyncer:
             admin.direct, server.labels = True, await admin.has_weight_labels()
             return
         if self.load_mode == "vllm":
+            server.swap = await self._can_swap(admin)
             return
         why = await admin.direct_load_check()
         if why is None:
@@ -218,6 +256,24 @@ class WeightSyncer:
             raise WeightSyncError("init", admin.url, f"trainer.weight_load=direct, but {why}")
         else:
             log.info("%s: vLLM's weight-update flow (no direct load: %s)", admin.url, why)
+            server.swap = await self._can_swap(admin)
+
+    async def _can_swap(self, admin: VLLMAdmin) -> bool:
+        """trainer.weight_swap, a transport whose payload is in the request, and a server
+        whose engine core answers the swap's probe."""
+        if not (self.swap and getattr(self.transport, "in_band", False)):
+            return False
+        try:
+            results = await admin.rpc("init", SWAP_METHOD, json.dumps({"probe": True}))
+        except WeightSyncError as exc:
+            log.info("%s: one HTTP call per weight-sync phase (no agrpo_swap: %s)", admin.url, exc.detail[:200])
+            return False
+        answer = _first_answer(results)
+        if not answer.get("ok"):
+            log.info("%s: one HTTP call per weight-sync phase (%s)", admin.url, answer.get("why") or results)
+            return False
+        log.info("%s: weights swap in one call inside vLLM's engine (agrpo_swap)", admin.url)
+        return True
 
     async def _start(self, admin: VLLMAdmin) -> None:
         """start_weight_update; if an earlier failed sync left one active, close it first."""

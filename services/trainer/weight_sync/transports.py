@@ -87,6 +87,7 @@ class HttpTransport:
 
     name = "http"
     snapshot = True  # prepare() serialises: training may change the weights once it returns
+    in_band = True  # the payload is in update_info: the engine's one-call swap can carry it
 
     def __init__(self, chunk_mb: int = 64) -> None:
         self.chunk_bytes = chunk_mb * 1024 * 1024
@@ -117,6 +118,7 @@ class SharedPathTransport:
 
     name = "shared_path"
     snapshot = True
+    in_band = True
 
     def __init__(self, folder: Path, keep: int = 2) -> None:
         self.folder, self.keep = Path(folder), keep

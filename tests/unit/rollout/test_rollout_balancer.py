@@ -17,7 +17,7 @@ class FakeClient:
         self.calls = 0
         self.healthy_now = True
 
-    async def generate(self, prompt_ids, sampling, request_id):
+    async def generate(self, prompt_ids, sampling, request_id, cache_salt=None):
         self.calls += 1
         await asyncio.sleep(self.delay)
         if prompt_ids[0] in self.refuse:

@@ -26,7 +26,7 @@ class FakeBalancer:
         self.peak = 0
         self.aborted = []
 
-    async def generate(self, prompt_ids, sampling, request_id):
+    async def generate(self, prompt_ids, sampling, request_id, cache_salt=None):
         self.active += 1
         self.peak = max(self.peak, self.active)
         try:

@@ -64,12 +64,15 @@ async def test_generate_route_sends_every_sampling_param_and_parses_spans():
         info = await c.handshake(5, "0.22.0")
         assert info.has_generate and info.max_model_len == 300 and info.model == "m"
         out = await c.generate([1, 2], SAMPLING, "r1")
+        unsalted = seen["generate"]
+        await c.generate([1, 2], SAMPLING, "r1b", cache_salt="v3")
     await runner.cleanup()
+    assert "cache_salt" not in unsalted and seen["generate"]["cache_salt"] == "v3"
     assert out.token_ids == [5, 6] and out.logprobs == [-0.5, -1.5] and out.spans == [("2", 0, 2)]
-    sp = seen["generate"]["sampling_params"]
+    sp = unsalted["sampling_params"]
     assert sp == {"max_tokens": 8, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "min_p": 0.1,
                   "repetition_penalty": 1.1, "n": 1, "logprobs": 0}
-    assert seen["generate"]["token_ids"] == [1, 2] and seen["generate"]["request_id"] == "r1"
+    assert unsalted["token_ids"] == [1, 2] and unsalted["request_id"] == "r1"
 
 
 async def test_falls_back_to_completions_with_token_ids():
@@ -78,8 +81,9 @@ async def test_falls_back_to_completions_with_token_ids():
     async with aiohttp.ClientSession() as s:
         c = VLLMClient(url, s, request_timeout=5)
         assert not (await c.handshake(5, "0.22.0")).has_generate
-        out = await c.generate([3], SamplingConfig(max_tokens=4), "r2")
+        out = await c.generate([3], SamplingConfig(max_tokens=4), "r2", cache_salt="v0")
     await runner.cleanup()
+    assert seen["completions"]["cache_salt"] == "v0"
     assert out.token_ids == [7] and out.logprobs == [-0.25] and out.spans == []
     body = seen["completions"]
     assert body["prompt"] == [3] and body["return_token_ids"] is True and body["logprobs"] == 0

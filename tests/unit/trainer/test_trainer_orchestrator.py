@@ -9,6 +9,7 @@ tests/integration/trainer/.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from aiohttp import web
@@ -23,7 +24,10 @@ class FakeVLLM:
     GET /version answers (below 0.26 vLLM's flow pauses with /pause)."""
 
     def __init__(self, hang_on: str | None = None, fail_on: str | None = None,
-                 extension: str | None = None, labels: bool = True, version: str = "0.25.0") -> None:
+                 extension: str | None = None, labels: bool = True, version: str = "0.25.0",
+                 swap: str | None = None) -> None:
+        self.swap = swap  # agrpo_swap: None (no plugin in the engine), "ok", "fail" or a refusal
+        self.swaps: list[dict] = []
         self.version = version
         self.calls: list[str] = []
         self.queries: dict[str, str] = {}
@@ -62,9 +66,25 @@ class FakeVLLM:
             return web.json_response({"weight_version": self.label})
         if name == "update_weight_version":
             self.label = body["new_version"]
+        if name == "agrpo_swap":
+            return self._swap(json.loads(body["args"][0]))
         if name.startswith("agrpo_"):
             return self._extension(name)
         return web.json_response({"status": "ok"})
+
+    def _swap(self, spec: dict) -> web.Response:
+        """The engine-side swap as swap.py answers it (its own logic is unit-tested apart)."""
+        if self.swap is None:
+            return web.json_response({"error": "method agrpo_swap not found"}, status=500)
+        works = self.swap in ("ok", "fail")
+        if spec.get("probe") or not works:
+            return web.json_response({"results": [{"ok": works, "why": "" if works else self.swap}]})
+        self.swaps.append(spec)
+        if self.swap == "fail":
+            self.label = spec["failed_label"]
+            return web.json_response({"error": "load failed"}, status=500)
+        self.label = spec["label"]
+        return web.json_response({"results": [{"ok": True, "drain_s": 0.001, "load_s": 0.002, "reset_s": 0.0}]})
 
     def _extension(self, method: str) -> web.Response:
         if self.extension is None:
@@ -90,6 +110,7 @@ class FakeVLLM:
 
 class NoopTransport:
     name = "http"
+    in_band = True
 
     async def init(self, admin) -> None:
         await admin.init_engine({})
@@ -236,3 +257,57 @@ async def test_failed_update_is_closed_and_retry_recovers(servers):
     report = await syncer.reconcile(1, _prepare(1))
     await syncer.close()
     assert report.ok and a.label == "1"
+
+
+async def test_swap_is_one_call_the_engine_runs(servers):
+    a = await servers(version="0.32.0", swap="ok")
+    syncer = WeightSyncer([a.url], NoopTransport(), 5.0, 30.0, swap=True)
+    await syncer.open()
+    first = await syncer.sync(3, _prepare(3))
+    second = await syncer.sync(4, _prepare(4))
+    await syncer.close()
+    assert first.ok and second.ok and a.label == "4"
+    assert a.calls[3:] == ["agrpo_swap", "agrpo_swap", "agrpo_swap"]  # the probe, then one call per sync
+    spec = a.swaps[-1]
+    assert [c["method"] for c in spec["calls"]] == ["start_weight_update", "update_weights", "update_weights",
+                                                    "finish_weight_update"]
+    assert [c["kwargs"]["update_info"] for c in spec["calls"][1:3]] == [{"safetensors_b64": "x"},
+                                                                         {"safetensors_b64": "y"}]
+    assert spec["on_failure"] == [{"method": "finish_weight_update"}] and spec["failed_label"] == "partial"
+    assert spec["reset_prefix_cache"] is True and spec["reset_running"] is True
+    assert {"update", "drain", "load", "reset_prefix_cache"} <= set(second.phase_s) and "pause" not in second.phase_s
+
+
+async def test_swap_keeping_requests_leaves_the_cache_to_the_salt(servers):
+    a = await servers(version="0.32.0", swap="ok")
+    syncer = WeightSyncer([a.url], NoopTransport(), 5.0, 30.0, swap=True, recompute_in_flight=False)
+    await syncer.open()
+    assert (await syncer.sync(1, _prepare(1))).ok
+    await syncer.close()
+    assert a.swaps[0]["reset_prefix_cache"] is False and a.swaps[0]["reset_running"] is False
+
+
+@pytest.mark.parametrize("swap", [None, "data_parallel_size=2: engines pause together"])
+async def test_without_the_engine_swap_each_phase_is_a_call(servers, swap):
+    a = await servers(version="0.32.0", swap=swap)
+    syncer = WeightSyncer([a.url], NoopTransport(), 5.0, 30.0, swap=True)
+    await syncer.open()
+    report = await syncer.sync(2, _prepare(2))
+    await syncer.close()
+    assert report.ok and a.label == "2" and not a.swaps
+    assert a.calls[-7:] == ["sleep", "start_weight_update", "update_weights", "update_weights",
+                            "finish_weight_update", "reset_prefix_cache", "resume"]
+
+
+async def test_failed_swap_is_an_update_error_and_the_next_sync_asks_again(servers):
+    a = await servers(version="0.32.0", swap="fail")
+    syncer = WeightSyncer([a.url], NoopTransport(), 5.0, 30.0, swap=True)
+    await syncer.open()
+    report = await syncer.sync(1, _prepare(1))
+    err = report.errors[a.url]
+    assert err.phase == "update" and a.label == "partial"
+    assert "finish_weight_update" not in a.calls  # the engine closed the update itself
+    a.swap = "ok"
+    report = await syncer.sync(1, _prepare(1))
+    await syncer.close()
+    assert report.ok and a.label == "1" and a.calls.count("init_weight_transfer_engine") == 2
