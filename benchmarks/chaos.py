@@ -7,8 +7,10 @@ that nothing was lost, nothing trained twice and nothing trained past max_stalen
 The system runs as the demo does (`agrpo demo`'s job: real vLLM, reward, trainer, rollout
 processes under the launcher's supervisor, which restarts what dies; vLLM is restarted
 here). Every `--min-s`..`--max-s` seconds one target is killed with SIGKILL (its whole
-process group): trainer, rollout, reward, vllm, plus the trainer while vLLM is paused for a
-weight sync ("trainer@sync") and while a checkpoint is being written ("trainer@save").
+process group): trainer, rollout, reward, vllm, plus the trainer in the middle of a weight
+sync ("trainer@sync": vLLM paused, or the trainer's weight-sync request open at vLLM, as the
+one-call swap of trainer.weight_swap pauses vLLM only inside that request) and while a
+checkpoint is being written ("trainer@save").
 Each service is killed at least kills/6 times. After the last kill the run trains
 `--after` more steps, stops cleanly, and `agrpo audit`'s checker reads the raw audit log:
 every prompt key trained by one group, no sample id twice, every epoch before the last
@@ -66,6 +68,22 @@ def _paused(base_url: str) -> bool:
         return False
 
 
+def _in_vllm_call(pid: int, port: int) -> bool:
+    """Process `pid` has a TCP connection open to localhost:`port` (the trainer talks to vLLM
+    only to sync weights and check their label, one fresh connection per call)."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
+                  if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+        rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:  # the process or one of its fds went away meanwhile
+        return False
+    for row in rows:
+        fields = row.split()  # sl local remote state ... inode
+        if fields[3] == "01" and int(fields[2].split(":")[1], 16) == port and fields[9] in inodes:
+            return True
+    return False
+
+
 def _vllm_healthy(base_url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{base_url}/health", timeout=1) as r:
@@ -78,11 +96,14 @@ def _saving(output_dir: Path) -> bool:
     return any(output_dir.glob(".checkpoint-*.tmp"))
 
 
-def wait_for_moment(target: str, vllm, output_dir: Path, limit_s: float) -> bool:
-    """For trainer@sync / trainer@save: poll (2 ms) until vLLM is paused / a checkpoint is
-    being written; False when it did not happen within limit_s (the kill happens anyway)."""
+def wait_for_moment(target: str, job, vllm, output_dir: Path, limit_s: float) -> bool:
+    """For trainer@sync / trainer@save: poll (2 ms) until vLLM is paused or the trainer's sync
+    request is open / a checkpoint is being written; False when it did not happen within
+    limit_s (the kill happens anyway)."""
     if target == "trainer@sync":
-        seen = lambda: _paused(vllm.base_url)  # noqa: E731
+        def seen() -> bool:
+            trainer = _process("trainer", job, vllm)
+            return (trainer is not None and _in_vllm_call(trainer.pid, vllm.port)) or _paused(vllm.base_url)
     elif target == "trainer@save":
         seen = lambda: _saving(output_dir)  # noqa: E731
     else:
@@ -167,7 +188,7 @@ def run(a) -> int:
     try:
         for n, target in enumerate(plan(a.kills, rng), 1):
             time.sleep(rng.uniform(a.min_s, a.max_s))
-            at_moment = wait_for_moment(target, vllm, output_dir, limit_s=60)
+            at_moment = wait_for_moment(target, job, vllm, output_dir, limit_s=60)
             step = last_step(metrics)
             killed = kill(target, job, vllm)
             back_s, step_s = recovery(target, cfg, vllm, metrics, a.recover_s)
