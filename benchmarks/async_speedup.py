@@ -173,16 +173,18 @@ def plot(results: list[dict], out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
-    colors = {"sync": "tab:blue"}
+    colors, seen = {"sync": "tab:blue"}, set()
     for r in results:
         rows = report.read_steps(out / r["name"] / "metrics.jsonl")
         if not rows:
             continue
-        label = "sync" if r["schedule"] == "sync" else f"async s={r['max_staleness']}"
+        label = r["variant"]  # sync, async_s2, async_s2_<variant>: one color each
         color = colors.setdefault(label, f"C{len(colors) + 1}")
+        first = label not in seen
+        seen.add(label)
         t0 = rows[0]["time"] - float(rows[0].get("perf/step_s", 0)) - float(rows[0].get("perf/wait_s", 0))
         rewards = _vals(rows, "reward")
-        by_step.plot([x["step"] for x in rows], rewards, color=color, alpha=0.7, label=f"{label} seed {r['seed']}")
+        by_step.plot([x["step"] for x in rows], rewards, color=color, alpha=0.7, label=label if first else None)
         by_time.plot([x["time"] - t0 for x in rows], rewards, color=color, alpha=0.7)
     by_step.set_xlabel("optimizer step")
     by_time.set_xlabel("wall time since the first step (s)")

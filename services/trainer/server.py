@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 
 from agrpo.v1 import common_pb2
@@ -28,6 +29,11 @@ from .servicer import TrainerServicer
 
 log = get_logger("trainer.server")
 SERVICE_NAME = "agrpo.v1.TrainerService"
+GIL_SLICE_S = 0.0005
+"""CPython's GIL switch interval in the serving rank (default 5 ms). The optimizer step runs in a
+worker thread while the event loop takes samples, grants credits and pushes the last version into
+vLLM; a step of many small ops holds the GIL in whole slices, so each hop of that push waited up to
+one. At 0.5 ms the async demo's step took 0.14-0.16 s against 0.14-0.18 (4 seeds side by side)."""
 
 
 class TrainerService:
@@ -181,4 +187,5 @@ def main(cfg: AgrpoConfig) -> int:
     if not world.leader:
         return ranks.leave(ranks.follow(cfg, world))
     Path(cfg.resolved_output_dir).mkdir(parents=True, exist_ok=True)
+    sys.setswitchinterval(GIL_SLICE_S)
     return ranks.leave(asyncio.run(serve(cfg, world)))
