@@ -72,8 +72,8 @@ def _in_vllm_call(pid: int, port: int) -> bool:
     """Process `pid` has a TCP connection open to localhost:`port` (the trainer talks to vLLM
     only to sync weights and check their label, one fresh connection per call)."""
     try:
-        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
-                  if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        inodes = {link[8:-1] for link in links if link.startswith("socket:[")}
         rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
     except OSError:  # the process or one of its fds went away meanwhile
         return False

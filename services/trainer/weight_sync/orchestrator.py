@@ -236,7 +236,12 @@ class WeightSyncer:
             await server.admin.set_label(label, timeout)
 
     async def _init(self, server: _Server) -> None:
-        """The transport's rendezvous, then the load mode this server supports."""
+        """The transport's rendezvous, the load mode this server supports, and whether vLLM's
+        flow goes as one swap."""
+        await self._settle_load_mode(server)
+        server.swap = not server.admin.direct and await self._can_swap(server.admin)
+
+    async def _settle_load_mode(self, server: _Server) -> None:
         admin = server.admin
         await self.transport.init(admin)
         admin.direct = False
@@ -245,7 +250,6 @@ class WeightSyncer:
             admin.direct, server.labels = True, await admin.has_weight_labels()
             return
         if self.load_mode == "vllm":
-            server.swap = await self._can_swap(admin)
             return
         why = await admin.direct_load_check()
         if why is None:
@@ -256,7 +260,6 @@ class WeightSyncer:
             raise WeightSyncError("init", admin.url, f"trainer.weight_load=direct, but {why}")
         else:
             log.info("%s: vLLM's weight-update flow (no direct load: %s)", admin.url, why)
-            server.swap = await self._can_swap(admin)
 
     async def _can_swap(self, admin: VLLMAdmin) -> bool:
         """trainer.weight_swap, a transport whose payload is in the request, and a server
