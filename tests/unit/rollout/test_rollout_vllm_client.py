@@ -71,7 +71,7 @@ async def test_generate_route_sends_every_sampling_param_and_parses_spans():
     assert out.token_ids == [5, 6] and out.logprobs == [-0.5, -1.5] and out.spans == [("2", 0, 2)]
     sp = unsalted["sampling_params"]
     assert sp == {"max_tokens": 8, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "min_p": 0.1,
-                  "repetition_penalty": 1.1, "n": 1, "logprobs": 0}
+                  "repetition_penalty": 1.1, "n": 1, "logprobs": 0, "detokenize": False}
     assert unsalted["token_ids"] == [1, 2] and unsalted["request_id"] == "r1"
 
 
