@@ -77,23 +77,28 @@ def run_numbers(summary: dict, rows: list[dict], warmup: int, group_size: int, g
             "max_trained_staleness": summary.get("max_trained_staleness")}
 
 
-def run_one(label: str, schedule: str, staleness: int, seed: int, a, variant: dict | None = None) -> dict:
-    """One demo run, `label`_seed`seed`: sync, async, or async with a variant's extra config."""
+def demo_options(label: str, schedule: str, staleness: int, seed: int, a, variant: dict | None = None):
+    """The demo of run `label`_seed`seed`: sync, async, or async with a variant's extra config."""
     from services.common.config.loader import merge
-    from services.demo import report, runner
+    from services.demo import runner
 
-    name = f"{label}_seed{seed}"
-    out = a.out / name
     overrides = {"token_budget": 0, "seed": seed}
-    for extra in (json.loads(a.set or "{}"), variant or {}):
+    for extra in (a.set or {}, variant or {}):
         merge(overrides, extra)
     merge(overrides, {"trainer": {"schedule": schedule}})
-    opts = runner.DemoOptions(steps=a.steps, num_prompts=a.num_prompts, out=out, cache=a.cache,
-                              max_staleness=staleness, learning_rate=a.learning_rate, overrides=overrides,
-                              cpus={} if a.no_pin else a.pin)
+    return runner.DemoOptions(steps=a.steps, num_prompts=a.num_prompts, out=a.out / f"{label}_seed{seed}",
+                              cache=a.cache, max_staleness=staleness, learning_rate=a.learning_rate,
+                              overrides=overrides, cpus={} if a.no_pin else a.pin)
+
+
+def run_one(label: str, schedule: str, staleness: int, seed: int, a, variant: dict | None = None) -> dict:
+    """One demo run and its numbers."""
+    from services.demo import report, runner
+
+    name, opts = f"{label}_seed{seed}", demo_options(label, schedule, staleness, seed, a, variant)
     print(f"[bench] {name}: schedule={schedule} max_staleness={staleness} seed={seed}", flush=True)
     summary = runner.run(opts)
-    rows = report.read_steps(out / "metrics.jsonl")
+    rows = report.read_steps(opts.out / "metrics.jsonl")
     return {"name": name, "schedule": schedule, "max_staleness": staleness, "seed": seed,
             "variant": label, **run_numbers(summary, rows, a.warmup, 8, a.good)}
 
@@ -237,6 +242,25 @@ def pin_spec(text: str) -> dict[str, str]:
     return out
 
 
+def config_json(text: str) -> dict:
+    """--set's value: a JSON object of config keys."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"want a JSON object of config keys, got {text!r}")
+    return value
+
+
+def named_variant(text: str) -> tuple[str, dict]:
+    """--variant's value: NAME=JSON."""
+    name, sep, body = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"want NAME=JSON, got {text!r}")
+    return name, config_json(body)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=30)
@@ -246,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--learning-rate", type=float, default=None)
     p.add_argument("--good", type=float, default=0.9, help="the reward whose first arrival is timed")
-    p.add_argument("--set", default=None, help='extra config as JSON, e.g. \'{"tis_cap": 2}\'')
-    p.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+    p.add_argument("--set", type=config_json, default=None, help='extra config as JSON, e.g. \'{"tis_cap": 2}\'')
+    p.add_argument("--variant", type=named_variant, action="append", default=[], metavar="NAME=JSON",
                    help="also run every async staleness with this extra config (repeatable), "
                         "e.g. 'cw24={\"trainer\": {\"credit_window\": 24}}'")
     p.add_argument("--pin", type=pin_spec, default="vllm=0,vllm_front=1,rollout=1,reward=1,trainer=1",
@@ -257,10 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench_output/async_speedup"))
     p.add_argument("--cache", type=Path, default=Path(".cache"))
     a = p.parse_args(argv)
-    variants = [(v.split("=", 1)[0], json.loads(v.split("=", 1)[1])) for v in a.variant]
+    if a.steps <= a.warmup:
+        p.error(f"--steps {a.steps} leaves nothing to time after --warmup {a.warmup}")
+    from services.common.config import ConfigError
+    from services.demo import runner
+
     results: list[dict] = []
-    plan = run_plan([int(x) for x in a.seeds.split(",")], [int(x) for x in a.staleness.split(",") if x], variants)
+    plan = run_plan([int(x) for x in a.seeds.split(",")], [int(x) for x in a.staleness.split(",") if x], a.variant)
     try:
+        for run in plan:  # every run's config, before the first vLLM starts
+            runner.check_config(demo_options(*run[:4], a, run[4]))
         for label, schedule, staleness, seed, variant in plan:
             results.append(run_one(label, schedule, staleness, seed, a, variant))
             (a.out / "speedup.json").write_text(json.dumps(results, indent=2))  # kept if stopped later
@@ -268,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n[bench] interrupted after {len(results)} of {len(plan)} runs"
               + (f"; they are in {a.out / 'speedup.json'}" if results else ""), file=sys.stderr)
         return 130
+    except ConfigError as exc:  # a key of --set or --variant, or an AGRPO_* variable; before vLLM starts
+        print(f"[bench] config error: {exc}", file=sys.stderr)
+        return 2
     print("\n".join(table(results) + aggregate(results, a.good)))
     path = plot(results, a.out)
     if path:

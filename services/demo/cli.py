@@ -93,6 +93,8 @@ def parse(argv: list[str]):
 
 def main(argv: list[str]) -> int:
     """Run the demo; print its summary; 0 on success."""
+    from services.common.config import ConfigError
+
     from .runner import run
 
     opts = parse(argv)
@@ -103,6 +105,9 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("\n[demo] interrupted: every process it started has been stopped")
         return 130
+    except ConfigError as exc:  # a typo in --set or an AGRPO_* variable, found before vLLM starts
+        print(f"[demo] config error: {exc}", file=sys.stderr)
+        return 2
     except (RuntimeError, TimeoutError, OSError) as exc:
         print(f"\n[demo] failed: {exc}\n[demo] logs: {opts.out / 'logs'}", file=sys.stderr)
         return 1

@@ -10,10 +10,12 @@ With `gpu` set, vLLM and the trainer each get a GPU and weights travel over NCCL
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,7 @@ from services.common.vllm_process import VLLMServer, free_port, supports_scale_o
 
 from . import gpu as gpu_mode
 from . import models, report
-from services.common.config import load_config
+from services.common.config import ConfigError, load_config
 from services.common.config.loader import merge
 from services.launcher.job import Job, JobOptions
 from services.launcher.progress import StepFollower
@@ -105,6 +107,22 @@ def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str) 
     return path
 
 
+def check_config(opts: DemoOptions) -> None:
+    """ConfigError now for a bad override key or AGRPO_* variable: a benchmark checks every
+    run's config before the first one starts, not minutes later."""
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = dataclasses.replace(opts, out=Path(tmp))
+        config = write_config(probe, Path(tmp), Path(tmp) / "prompts.jsonl", "http://127.0.0.1:1")
+        try:
+            _load(config)
+        except ConfigError as exc:  # the probe file is gone by the time anyone reads the message
+            raise ConfigError(str(exc).replace(f"the config file {config}", "the run's overrides")) from None
+
+
+def _load(config: Path):
+    return load_config(["--config", str(config)], {k: v for k, v in os.environ.items() if k != "AGRPO_CONFIG"})
+
+
 def _model_dir(opts: DemoOptions) -> Path:
     if opts.model_path:
         return opts.model_path.resolve()
@@ -145,7 +163,7 @@ def start_job(opts: DemoOptions, info: dict) -> tuple[VLLMServer, Job, object]:
         info["vllm_startup_s"] = round(vllm.startup_s, 1)
         print(f"[demo] vLLM healthy after {vllm.startup_s:.0f} s", flush=True)
         config = write_config(opts, model_dir, data, vllm.base_url)
-        cfg = load_config(["--config", str(config)], {k: v for k, v in os.environ.items() if k != "AGRPO_CONFIG"})
+        cfg = _load(config)
         info["weight_transport"], info["weight_load"] = cfg.trainer.weight_transport, cfg.trainer.weight_load
         env = {svc: _service_env(opts, svc) for svc in ("reward", "trainer", "rollout")}
         job = Job(cfg, JobOptions(config, cpus=opts.cpus, env=env, timeout_s=opts.timeout_s))
@@ -162,6 +180,7 @@ def run(opts: DemoOptions) -> dict:
     """Start vLLM, then the job (services/launcher), train, stop everything; return the
     summary. On a failure the summary of what did run is still written (with "error"),
     then the error is raised."""
+    check_config(opts)  # a typo in an override or AGRPO_* variable: before the model and vLLM
     info: dict = {}
     cfg = job = follower = vllm = None
     t0 = time.monotonic()

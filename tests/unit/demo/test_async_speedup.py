@@ -1,5 +1,5 @@
-"""benchmarks/async_speedup.py: its --pin reading (a typo or an unusable core is one argparse
-line) and the order of its runs."""
+"""benchmarks/async_speedup.py: its --pin, --set and --variant reading (a typo or an unusable
+core is one line, before anything starts) and the order of its runs."""
 
 import argparse
 import os
@@ -31,3 +31,28 @@ def test_run_plan_orders_sync_then_each_staleness_with_its_variants():
         ("sync", "sync", 0, 0), ("async_s2", "async", 2, 0), ("async_s2_inf24", "async", 2, 0),
         ("sync", "sync", 0, 1), ("async_s2", "async", 2, 1), ("async_s2_inf24", "async", 2, 1)]
     assert plan[2][4] == {"max_inflight_tasks": 24}
+
+
+@pytest.mark.parametrize("text, says", [
+    ("x={bad", "not JSON"), ("x=[1]", "a JSON object"), ("={}", "NAME=JSON"), ("x", "NAME=JSON")])
+def test_variant_refuses_what_is_not_name_and_json_object(text, says):
+    with pytest.raises(argparse.ArgumentTypeError, match=says):
+        bench.named_variant(text)
+    assert bench.named_variant('inf48={"max_inflight_tasks": 48}') == ("inf48", {"max_inflight_tasks": 48})
+
+
+@pytest.mark.parametrize("args, env, says", [
+    (["--variant", 'x={"max_inflight_task": 3}'], {}, "did you mean max_inflight_tasks"),
+    (["--set", '{"trainer": {"schedul": "sync"}}'], {}, "trainer.schedul: unknown key"),
+    ([], {"AGRPO_LERNING_RATE": "1"}, "AGRPO_LERNING_RATE"),
+])
+def test_a_config_typo_in_any_run_stops_before_the_first_starts(args, env, says, tmp_path, monkeypatch, capsys):
+    from services.demo import runner
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(runner, "run", lambda opts: pytest.fail(f"a run started: {opts.out}"))
+    assert bench.main(["--steps", "4", "--staleness", "2", "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("[bench] config error:") and says in err and "\n" not in err
+    assert not list(tmp_path.iterdir())

@@ -3,6 +3,8 @@
 import json
 import math
 
+import pytest
+
 from services.demo import report
 from services.demo.task import digit_share, final_answer, write_arithmetic_dataset
 
@@ -47,3 +49,14 @@ def test_summary_compares_first_and_last_ten_steps(tmp_path):
                              "sample/staleness_mean": 1.0, "sample/trained": 10,
                              "perf/step_s": 1.0, "perf/wait_s": 1.0})
     assert "step    3" in line and "5.0 samples/s" in line and "reward 0.500" in line
+
+
+def test_demo_reports_a_config_typo_in_one_line_before_building_anything(tmp_path, monkeypatch, capsys):
+    from services.demo import cli, runner
+
+    monkeypatch.setenv("AGRPO_MAX_STALENES", "2")
+    monkeypatch.setattr(runner, "_model_dir", lambda opts: pytest.fail("the model was built"))
+    assert cli.main(["--steps", "3", "--out", str(tmp_path / "out"), "--cache", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("[demo] config error: max_stalenes: unknown key (from the environment, "
+                   "AGRPO_MAX_STALENES); did you mean max_staleness?")
