@@ -11,7 +11,9 @@ Against a server already running (a GPU vLLM, or benchmarks/stub_vllm.py):
 
 For each `--inflight` value, `--repeats` times: raw, then service, on the same prompts.
 Raw: an aiohttp client sends each prompt's G requests (n=1, the service's exact body)
-straight to /inference/v1/generate, `inflight` at a time. Service: the rollout service
+straight to /inference/v1/generate, `inflight` at a time. `--paths` adds raw_group and
+service_group: the same with a group's G completions in one request (n=G; the service with
+`rollout.one_request_per_group`), `inflight` completions at a time. Service: the rollout service
 in-process, with the real reward service and a stand-in trainer that acks at once
 (both in a child process by default, as in a deployment: `--peers inproc` puts them in
 this process); wall time runs from the end of start-up to the last group trained.
@@ -43,6 +45,7 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "support")]
 REWARD_FUNCS = [{"name": "rollout_test_rewards:distinct_tokens_reward"}]
+PATHS = ("raw", "service", "raw_group", "service_group")
 
 
 # Workload
@@ -164,19 +167,20 @@ def parse_queue(text: str) -> tuple[float, float]:
 
 
 # The two paths
-async def raw_client(url: str, model: str, prompt_ids: list[list[int]], args, inflight: int) -> dict:
+async def raw_client(url: str, model: str, prompt_ids: list[list[int]], args, inflight: int, n: int = 1) -> dict:
+    """`inflight` completions at a time, `n` per request (1, or a whole group)."""
     import aiohttp
 
     from services.rollout.vllm_client import SamplingConfig
 
-    params = {**SamplingConfig(args.max_tokens, top_k=0).params(), "logprobs": 0}
-    jobs = [(f"raw-{p}-{g}", ids) for p, ids in enumerate(prompt_ids) for g in range(args.G)]
-    sem = asyncio.Semaphore(inflight)
+    params = {**SamplingConfig(args.max_tokens, top_k=0, n=n).params(), "logprobs": 0}
+    jobs = [(f"raw-{p}-{g}", ids) for p, ids in enumerate(prompt_ids) for g in range(args.G // n)]
+    sem = asyncio.Semaphore(max(1, inflight // n))
     state = {"tokens": 0, "inflight": 0, "errors": 0}
 
     async def one(session, rid, ids):
         async with sem:
-            state["inflight"] += 1
+            state["inflight"] += n
             try:
                 body = {"request_id": rid, "token_ids": ids, "sampling_params": params, "model": model}
                 async with session.post(url + "/inference/v1/generate", json=body) as r:
@@ -185,9 +189,9 @@ async def raw_client(url: str, model: str, prompt_ids: list[list[int]], args, in
                         if state["errors"] == 1:
                             print(f"raw {rid}: HTTP {r.status}: {(await r.text())[:600]}", flush=True)
                         return
-                    state["tokens"] += len((await r.json())["choices"][0]["token_ids"])
+                    state["tokens"] += sum(len(c["token_ids"]) for c in (await r.json())["choices"])
             finally:
-                state["inflight"] -= 1
+                state["inflight"] -= n
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=inflight + 8)) as s:
         await one(s, "raw-warm-up", prompt_ids[0])
@@ -201,7 +205,7 @@ async def raw_client(url: str, model: str, prompt_ids: list[list[int]], args, in
         return {"tokens": state["tokens"], "wall": wall, "gen_wall": wall, "probe": probe, "server": queue}
 
 
-def service_config(url: str, args, data: Path, inflight: int, ports: tuple[int, int]):
+def service_config(url: str, args, data: Path, inflight: int, ports: tuple[int, int], grouped: bool = False):
     """Nothing caps the requests in flight below `inflight`: slots, credits, connector."""
     from services.common.config import AgrpoConfig
 
@@ -212,14 +216,16 @@ def service_config(url: str, args, data: Path, inflight: int, ports: tuple[int, 
         "max_completion_length": args.max_tokens, "max_inflight_tasks": inflight, "num_train_epochs": 1,
         "queue_maxsize": capacity, "reward_funcs": REWARD_FUNCS, "trainer": {"port": ports[0]},
         "reward": {"port": ports[1]}, "log_level": "warning",
-        "rollout": {"port": 0, "metrics_port": None, "scoring_concurrency": args.scoring_concurrency}})
+        "rollout": {"port": 0, "metrics_port": None, "scoring_concurrency": args.scoring_concurrency,
+                    "one_request_per_group": grouped, "generate_endpoint": args.generate_endpoint}})
 
 
-async def through_service(url: str, args, data: Path, num_prompts: int, inflight: int, peers) -> dict:
+async def through_service(url: str, args, data: Path, num_prompts: int, inflight: int, peers,
+                          grouped: bool = False) -> dict:
     from services.rollout.server import build as build_rollout
 
     ports = await peers.new_trainer(max(4096, 4 * inflight))
-    svc = await build_rollout(service_config(url, args, data, inflight, ports))
+    svc = await build_rollout(service_config(url, args, data, inflight, ports, grouped))
     tokens = 0
     on_sent = svc.app.on_sent
 
@@ -336,15 +342,21 @@ def parse_args(argv=None):
     p.add_argument("--waves", type=float, default=4.0)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--scoring-concurrency", type=int, default=4)
+    p.add_argument("--generate-endpoint", choices=["auto", "generate", "completions"], default="auto",
+                   help="the service's vLLM route (rollout.generate_endpoint); raw always uses generate")
     p.add_argument("--peers", choices=["process", "inproc"], default="process")
     p.add_argument("--peers-cpus", default="", help="CPUs of the peers process, e.g. 0 or 0,1 (default: ours)")
-    p.add_argument("--paths", default="raw,service", help="which paths to run (e.g. service, to profile it)")
+    p.add_argument("--paths", default="raw,service",
+                   help="which paths to run, of raw, service, raw_group, service_group (n=G per request)")
     p.add_argument("--vllm-url", default=None, help="a running server (else a CPU vLLM on the tiny model)")
     p.add_argument("--model-dir", default=None, help="its model folder (the tokenizer, unless --tokenizer)")
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--serve-peers", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.sweep = [int(x) for x in args.inflight.split(",")]
+    unknown = set(args.paths.split(",")) - set(PATHS)
+    if unknown:
+        p.error(f"--paths: unknown {', '.join(sorted(unknown))} (choose from {', '.join(PATHS)})")
     if args.vllm_url and not args.model_dir:
         p.error("--vllm-url needs --model-dir (the served model's folder: tokenizer and name)")
     return args
@@ -388,12 +400,14 @@ async def sweep(url: str, args) -> list[dict]:
                     salt = len(rows)  # fresh prompts every run: no prefix-cache hits from the last one
                     data, prompt_ids = build_workload(args, n, tokenizer, max_model_len, salt)
                     plen = sum(map(len, prompt_ids)) / len(prompt_ids)
-                    r = (await raw_client(url, model, prompt_ids, args, inflight) if path == "raw"
-                         else await through_service(url, args, data, n, inflight, peers))
+                    grouped = path.endswith("_group")
+                    r = (await raw_client(url, model, prompt_ids, args, inflight, args.G if grouped else 1)
+                         if path.startswith("raw")
+                         else await through_service(url, args, data, n, inflight, peers, grouped))
                     rows.append({"inflight": inflight, "rep": rep, "path": path, "prompts": n,
                                  "prompt_len": plen, **r})
                     print_row(rows[-1], raw)
-                    raw = rows[-1] if path == "raw" else raw
+                    raw = rows[-1] if path == "raw" else raw  # the ratio column is against raw n=1
     finally:
         await peers.stop()
     return rows
@@ -411,12 +425,15 @@ def print_row(r: dict, raw: dict | None) -> None:
 
 
 def summary(rows: list[dict], args) -> None:
-    print(f"\nmean over {args.repeats} repeats: inflight, raw tok/s, service tok/s, service/raw")
+    paths = args.paths.split(",")
+    print(f"\nmean over {args.repeats} repeats, tok/s (x raw): inflight, {', '.join(paths)}")
     for inflight in args.sweep:
-        tps = {p: [r["tokens"] / r["wall"] for r in rows if r["inflight"] == inflight and r["path"] == p]
-               for p in ("raw", "service")}
-        raw, svc = (sum(v) / len(v) if v else math.nan for v in (tps["raw"], tps["service"]))
-        print(f"{inflight:>8} {raw:>10.0f} {svc:>10.0f} {svc / raw:>6.2f}")
+        tps = {}
+        for p in paths:
+            v = [r["tokens"] / r["wall"] for r in rows if r["inflight"] == inflight and r["path"] == p]
+            tps[p] = sum(v) / len(v) if v else math.nan
+        raw = tps.get("raw", math.nan)
+        print(f"{inflight:>8} " + " ".join(f"{tps[p]:>8.0f} ({tps[p] / raw:.2f})" for p in paths))
 
 
 async def main() -> None:

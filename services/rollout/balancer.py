@@ -72,26 +72,32 @@ class Balancer:
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
                        request_id: str, cache_salt: str | None = None) -> Completion:
-        """One completion from some server; GenerationFailed after `retries` attempts."""
+        """One completion from some server (`sampling.n` is 1)."""
+        return (await self.generate_all(prompt_ids, sampling, request_id, cache_salt))[0]
+
+    async def generate_all(self, prompt_ids: list[int], sampling: SamplingConfig,
+                           request_id: str, cache_salt: str | None = None) -> list[Completion]:
+        """The `sampling.n` completions of one request, from some server; GenerationFailed after
+        `retries` attempts."""
         last: Exception | None = None
         refused = True
         for attempt in range(self.retries):
             server = await self._pick()
-            server.outstanding += 1
+            server.outstanding += sampling.n
             try:
-                out = await server.client.generate(prompt_ids, sampling, f"{request_id}-a{attempt}", cache_salt)
+                outs = await server.client.generate_all(prompt_ids, sampling, f"{request_id}-a{attempt}", cache_salt)
             except VLLMError as exc:
                 last, refused = exc, refused and exc.request_refused
                 if not exc.request_refused:  # one refused request (e.g. 400) leaves the server up
                     await self._mark_failed(server, exc)
                 continue
             finally:
-                server.outstanding -= 1
+                server.outstanding -= sampling.n
             server.completed += 1
-            server.latencies.append(out.latency_s)
+            server.latencies.append(outs[0].latency_s)
             if self.on_latency:
-                self.on_latency(server.client.base_url, out.latency_s)
-            return out
+                self.on_latency(server.client.base_url, outs[0].latency_s)
+            return outs
         raise GenerationFailed(f"request {request_id} failed {self.retries} times: {last}",
                                refused=refused and last is not None)
 

@@ -36,7 +36,7 @@ from .groups import GenerationContext, Group
 from .metrics import RateWindow
 from .samples import ScoredGroup, build_samples
 from .scoring import GroupScores, ScoringFailed, build_request
-from .vllm_client import SamplingConfig
+from .vllm_client import SamplingConfig, VLLMIncompatible
 
 log = get_logger("rollout.engine")
 PERMANENT_REFUSALS = 3
@@ -108,8 +108,10 @@ class Engine:
         return self.sender.credits - self.sender.unsent_count - self.pipeline_samples
 
     def _has_capacity(self) -> bool:
-        """A request slot free (the group's others wait for theirs) and credits for all G."""
-        return self.inflight_requests < self.slots and self.credits_available >= self.G
+        """Slots free for the group's first request (its others wait for theirs; all G when
+        they go as one request) and credits for all G."""
+        return (self.inflight_requests + self.strategy.slots_to_start <= self.slots
+                and self.credits_available >= self.G)
 
     def wake(self) -> None:
         self._wake.set()
@@ -173,6 +175,9 @@ class Engine:
             return
         except asyncio.CancelledError:
             return  # aborted as stale or at shutdown; whoever cancelled accounted for it
+        except VLLMIncompatible as exc:  # the server cannot do what the config asks: stop, say why
+            self.halt(StartupError(str(exc)))
+            return
         finally:
             self.generating.pop(group.group_id, None)
             self._release(group, group.slots)

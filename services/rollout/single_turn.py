@@ -8,6 +8,8 @@ The multi-turn strategy (multiturn/runner.py) has the same shape.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from services.common.versions import label_to_version, oldest_version
 
 from .groups import GenerationContext, Group, gather_or_cancel
@@ -17,18 +19,33 @@ from .vllm_client import Completion
 
 
 class SingleTurn:
-    """One vLLM request per generation."""
+    """One vLLM request per generation, or one per group (`rollout.one_request_per_group`)."""
 
     needs_reward_service = True
 
     def __init__(self, cfg, tokenizer, ctx: GenerationContext) -> None:
         self.tokenizer = tokenizer
         self.ctx = ctx
+        self.one_request = cfg.rollout.one_request_per_group
+        self.slots_to_start = ctx.num_generations if self.one_request else 1
+        """Free request slots a group needs to start: its first request's, or all G at once."""
 
     async def generate(self, prompt, group: Group) -> list[Completion]:
         """All G completions, or the first failure with the other requests cancelled."""
+        if self.one_request:
+            return await self._all(prompt.prompt_ids, group)
         return await gather_or_cancel([self._one(prompt.prompt_ids, group, i)
                                        for i in range(self.ctx.num_generations)])
+
+    async def _all(self, prompt_ids: list[int], group: Group) -> list[Completion]:
+        """The G completions of one request (n = G), in the G slots the engine reserved at launch."""
+        sampling = replace(self.ctx.sampling, n=self.ctx.num_generations)
+        try:
+            outs = await self.ctx.balancer.generate_all(prompt_ids, sampling, group.request_id(0), group.cache_salt)
+        finally:
+            self.ctx.release(group, self.ctx.num_generations)
+        self.ctx.count_tokens(sum(len(out.token_ids) for out in outs))
+        return outs
 
     async def _one(self, prompt_ids: list[int], group: Group, i: int) -> Completion:
         try:

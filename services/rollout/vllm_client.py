@@ -50,12 +50,14 @@ class SamplingConfig:
     top_k: int = 0
     min_p: float | None = None
     repetition_penalty: float = 1.0
+    n: int = 1
+    """Completions per request: 1 as in TRL, or a whole group (vLLM's parallel sampling)."""
 
     def params(self) -> dict[str, Any]:
         """vLLM SamplingParams fields (top_k <= 0 means disabled: sent as -1)."""
         out = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                "top_k": self.top_k if self.top_k > 0 else -1,
-               "repetition_penalty": self.repetition_penalty, "n": 1}
+               "repetition_penalty": self.repetition_penalty, "n": self.n}
         if self.min_p is not None:
             out["min_p"] = self.min_p
         return out
@@ -170,24 +172,35 @@ class VLLMClient:
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
                        request_id: str, cache_salt: str | None = None) -> Completion:
-        """One completion; raises VLLMError on any failure. Requests share cached prompt KV only
-        under the same `cache_salt`."""
+        """One completion (`sampling.n` is 1); raises VLLMError on any failure."""
+        return (await self.generate_all(prompt_ids, sampling, request_id, cache_salt))[0]
+
+    async def generate_all(self, prompt_ids: list[int], sampling: SamplingConfig,
+                           request_id: str, cache_salt: str | None = None) -> list[Completion]:
+        """The `sampling.n` completions of one request; raises VLLMError on any failure, and
+        VLLMIncompatible when the server answers fewer. Requests share cached prompt KV only under
+        the same `cache_salt`."""
         salt = {"cache_salt": cache_salt} if cache_salt else {}
         t0 = time.monotonic()
         try:
             if self.info is not None and self.info.has_generate:
-                out = await self._generate_tokens(prompt_ids, sampling, request_id, salt)
+                outs = await self._generate_tokens(prompt_ids, sampling, request_id, salt)
             else:
-                out = await self._completions(prompt_ids, sampling, request_id, salt)
+                outs = await self._completions(prompt_ids, sampling, request_id, salt)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, TypeError,
                 ValueError) as exc:
             status = exc.status if isinstance(exc, aiohttp.ClientResponseError) else None
             raise VLLMError(f"{self.base_url}: {type(exc).__name__}: {exc}", status) from exc
-        out.latency_s = time.monotonic() - t0
-        out.server = self.base_url
-        if len(out.logprobs) != len(out.token_ids):
-            raise VLLMError(f"{self.base_url}: {len(out.token_ids)} tokens but {len(out.logprobs)} logprobs")
-        return out
+        if len(outs) != sampling.n:  # vLLM 0.26's /inference/v1/generate drops finished children
+            raise VLLMIncompatible(f"vLLM at {self.base_url} answered {len(outs)} of the {sampling.n} completions "
+                                   "asked for in one request: it cannot serve rollout.one_request_per_group "
+                                   "(set it false)")
+        for out in outs:
+            out.latency_s = time.monotonic() - t0
+            out.server = self.base_url
+            if len(out.logprobs) != len(out.token_ids):
+                raise VLLMError(f"{self.base_url}: {len(out.token_ids)} tokens but {len(out.logprobs)} logprobs")
+        return outs
 
     async def _post(self, path: str, body: dict) -> dict:
         async with self.session.post(self.base_url + path, json=body, timeout=self.timeout) as r:
@@ -196,7 +209,7 @@ class VLLMClient:
                 raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message=text)
             return await r.json(content_type=None)
 
-    async def _generate_tokens(self, prompt_ids, sampling, request_id, extra: dict) -> Completion:
+    async def _generate_tokens(self, prompt_ids, sampling, request_id, extra: dict) -> list[Completion]:
         # Token ids in and out: vLLM's API server need not decode every token of every request
         # into text nobody reads (rollout decodes the finished completion once). That work sits on
         # the API server's core; on the 2-core demo it was a fifth of the server's CPU.
@@ -204,25 +217,15 @@ class VLLMClient:
         data = await self._post("/inference/v1/generate", {
             "request_id": request_id, "token_ids": prompt_ids, "sampling_params": params,
             "model": self.model, **extra})
-        choice = data["choices"][0]
-        content = (choice.get("logprobs") or {}).get("content") or []
-        spans = [(str(s["version"]), int(s["start"]), int(s["end"]))
-                 for s in choice.get("weight_versions") or []]
-        return Completion(list(choice["token_ids"]), [float(c["logprob"]) for c in content],
-                          choice.get("finish_reason"), spans)
+        return [_completion(c, [float(x["logprob"]) for x in (c.get("logprobs") or {}).get("content") or []])
+                for c in _in_order(data["choices"])]
 
-    async def _completions(self, prompt_ids, sampling, request_id, extra: dict) -> Completion:
-        params = sampling.params()
-        params.pop("n")
+    async def _completions(self, prompt_ids, sampling, request_id, extra: dict) -> list[Completion]:
         data = await self._post("/v1/completions", {
-            "model": self.model, "prompt": prompt_ids, "n": 1, "logprobs": 0,
-            "return_token_ids": True, "request_id": request_id, **params, **extra})
-        choice = data["choices"][0]
-        spans = [(str(s["version"]), int(s["start"]), int(s["end"]))
-                 for s in choice.get("weight_versions") or []]
-        lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
-        return Completion(list(choice["token_ids"]), [float(x) for x in lps],
-                          choice.get("finish_reason"), spans)
+            "model": self.model, "prompt": prompt_ids, "logprobs": 0,
+            "return_token_ids": True, "request_id": request_id, **sampling.params(), **extra})
+        return [_completion(c, [float(x) for x in (c.get("logprobs") or {}).get("token_logprobs") or []])
+                for c in _in_order(data["choices"])]
 
     async def abort(self, request_ids: list[str]) -> None:
         """Best-effort abort of in-flight requests (the cancelled HTTP call aborts too)."""
@@ -236,3 +239,14 @@ class VLLMClient:
                 await r.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             pass
+
+
+def _in_order(choices: list[dict]) -> list[dict]:
+    """A response's choices by their index (one per completion of the request)."""
+    return sorted(choices, key=lambda c: c.get("index", 0))
+
+
+def _completion(choice: dict, logprobs: list[float]) -> Completion:
+    """One choice of a response, with its weight-version spans (empty when the server gives none)."""
+    spans = [(str(s["version"]), int(s["start"]), int(s["end"])) for s in choice.get("weight_versions") or []]
+    return Completion(list(choice["token_ids"]), logprobs, choice.get("finish_reason"), spans)

@@ -80,6 +80,44 @@ def test_generate_endpoint_reports_weight_versions(vllm_server, prompts):
     assert spans[-1]["end"] == len(choice["token_ids"])
 
 
+async def test_a_group_in_one_request_and_its_abort(vllm_server, prompts):
+    """rollout.one_request_per_group: the G completions of one request (n = G) each come with
+    their own tokens, logprobs and weight spans, and aborting the request's id stops them all."""
+    import asyncio
+
+    import aiohttp
+
+    from services.rollout.vllm_client import SamplingConfig, VLLMClient
+
+    long = {"token_ids": prompts[0], "request_id": "grp-long", "model": vllm_server.model_name,
+            "sampling_params": {"max_tokens": 480, "n": 4, "ignore_eos": True, "logprobs": 0}}
+    async with aiohttp.ClientSession() as session:
+        client = VLLMClient(vllm_server.base_url, session, request_timeout=120)
+        await client.handshake(60, "0.22.0")
+        group = await client.generate_all(prompts[0], SamplingConfig(max_tokens=8, n=4), "grp")
+        pending = asyncio.create_task(session.post(vllm_server.base_url + "/inference/v1/generate", json=long))
+        for _ in range(200):  # until vLLM runs the long group's 4 sequences
+            if await asyncio.to_thread(_running, vllm_server) >= 4:
+                break
+            await asyncio.sleep(0.01)
+        await client.abort(["grp-long"])
+        async with await pending as r:
+            cut = (await r.json())["choices"] if r.status == 200 else []
+    assert len(group) == 4 and len({tuple(c.token_ids) for c in group}) > 1  # each sampled on its own
+    for c in group:
+        assert len(c.token_ids) == len(c.logprobs) and c.spans and c.spans[-1][2] == len(c.token_ids)
+    assert all(len(c["token_ids"]) < 480 for c in cut)  # every child stopped with the parent
+
+
+def _running(server) -> float:
+    """vLLM's running-requests gauge."""
+    import urllib.request
+
+    with urllib.request.urlopen(server.base_url + "/metrics", timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith("vllm:num_requests_running"))
+
+
 def _safetensors_chunks_b64(model_dir, n_chunks: int = 2) -> list[str]:
     """The checkpoint split into chunks, as a trainer would stream it."""
     from safetensors.torch import load_file, save

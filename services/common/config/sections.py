@@ -131,6 +131,10 @@ class RolloutSection(ServiceSection):
     """Groups scored at the same time (scoring runs off the generation path)."""
     reissue_delay_s: float = Field(5.0, ge=0)
     """Wait before re-issuing a prompt whose scoring kept failing."""
+    one_request_per_group: bool = False
+    """Single-turn: ask vLLM for a group's num_generations completions in one request (n = G)
+    instead of one request each (TRL's way). vLLM's API server and rollout then handle G times
+    fewer requests; a group holds its G request slots until its last completion ends."""
     generate_endpoint: Literal["auto", "generate", "completions"] = "auto"
     """vLLM route: auto prefers /inference/v1/generate (per-token weight versions)."""
     min_vllm_version: str = "0.22.0"

@@ -78,6 +78,9 @@ def tool_metrics(res: ConversationResult, group_called: bool) -> dict[str, float
 class MultiTurn:
     """Tools, environments and limits for multi-turn groups."""
 
+    slots_to_start = 1
+    """A group starts with one free slot: each of its conversations takes one as it begins."""
+
     def __init__(self, cfg, tokenizer, ctx: GenerationContext) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer

@@ -17,14 +17,14 @@ class FakeClient:
         self.calls = 0
         self.healthy_now = True
 
-    async def generate(self, prompt_ids, sampling, request_id, cache_salt=None):
+    async def generate_all(self, prompt_ids, sampling, request_id, cache_salt=None):
         self.calls += 1
         await asyncio.sleep(self.delay)
         if prompt_ids[0] in self.refuse:
             raise VLLMError(f"{self.base_url}: 400 Out of range float values are not JSON compliant: nan", 400)
         if self.fail:
             raise VLLMError(f"{self.base_url} down")
-        return Completion([1], [-0.1], "stop", latency_s=self.delay)
+        return [Completion([1], [-0.1], "stop", latency_s=self.delay) for _ in range(sampling.n)]
 
     async def healthy(self):
         return self.healthy_now

@@ -13,7 +13,7 @@ from services.rollout.engine import Engine
 from services.rollout.metrics import RolloutMetrics
 from services.rollout.schedule import PromptScheduler
 from services.rollout.scoring import GroupScores
-from services.rollout.vllm_client import Completion
+from services.rollout.vllm_client import Completion, VLLMIncompatible
 
 
 class FakeBalancer:
@@ -25,9 +25,14 @@ class FakeBalancer:
         self.active = 0
         self.peak = 0
         self.aborted = []
+        self.requests = []
 
     async def generate(self, prompt_ids, sampling, request_id, cache_salt=None):
-        self.active += 1
+        return (await self.generate_all(prompt_ids, sampling, request_id, cache_salt))[0]
+
+    async def generate_all(self, prompt_ids, sampling, request_id, cache_salt=None):
+        self.requests.append(request_id)
+        self.active += sampling.n
         self.peak = max(self.peak, self.active)
         try:
             if self.block is not None:
@@ -38,9 +43,10 @@ class FakeBalancer:
             if prompt_ids[0] in self.fail_prompts:
                 self.fail_prompts.discard(prompt_ids[0])
                 raise GenerationFailed("boom")
-            return Completion([7, 8], [-0.1, -0.2], "stop", spans=self.spans, latency_s=0.01)
+            return [Completion([7, 8], [-0.1, -0.2], "stop", spans=self.spans, latency_s=0.01)
+                    for _ in range(sampling.n)]
         finally:
-            self.active -= 1
+            self.active -= sampling.n
 
     async def abort(self, ids):
         self.aborted.extend(ids)
@@ -108,6 +114,46 @@ async def test_every_request_slot_is_used_when_groups_do_not_divide_it():
     await run_until(eng, lambda: len(sender.groups) == 12)
     assert bal.peak == 6
     assert eng.inflight_requests == 0
+
+
+async def test_one_request_per_group_asks_for_all_g_and_starts_only_with_g_free_slots():
+    bal = FakeBalancer()
+    eng, _, sender = make(n_prompts=12, G=4, balancer=bal, inflight=6,
+                          rollout={"one_request_per_group": True})
+    await run_until(eng, lambda: len(sender.groups) == 12)
+    assert len(bal.requests) == 12 and all(r.endswith("-0") for r in bal.requests)
+    assert bal.peak == 4  # 6 slots hold one group of 4 at a time, never 8
+    assert all(len(samples) == 4 for _, _, samples in sender.groups)
+    assert eng.inflight_requests == 0
+
+
+async def test_a_server_that_answers_part_of_a_group_stops_the_run_with_the_reason():
+    bal = FakeBalancer()
+
+    async def partial(*_args, **_kw):
+        raise VLLMIncompatible("vLLM at u answered 5 of the 8 completions asked for in one request")
+
+    bal.generate_all = partial
+    eng, _, _ = make(balancer=bal, rollout={"one_request_per_group": True})
+    with pytest.raises(StartupError, match="answered 5 of the 8"):
+        await asyncio.wait_for(eng.run(), 10)
+
+
+async def test_a_group_in_one_request_is_aborted_by_its_request_id():
+    block = asyncio.Event()
+    bal = FakeBalancer(block=block)
+    eng, _, _ = make(n_prompts=1, G=2, balancer=bal, rollout={"one_request_per_group": True})
+    task = asyncio.create_task(eng.run())
+    for _ in range(100):
+        if bal.requests:
+            break
+        await asyncio.sleep(0.01)
+    eng.on_version(2)
+    await asyncio.sleep(0.05)
+    assert bal.requests[0] in bal.aborted and eng.drops == {"stale_inflight": 1}
+    eng.stop()
+    block.set()
+    await task
 
 
 async def test_failed_generation_reissues_the_prompt():

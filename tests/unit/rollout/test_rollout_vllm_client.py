@@ -28,9 +28,11 @@ def make_app(version="0.32.0", dev=True, generate=True, seen=None):
             return web.Response(status=403)
         body = await request.json()
         seen["generate"] = body
-        return web.json_response({"choices": [{"token_ids": [5, 6], "finish_reason": "length",
-                                               "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.5}]},
-                                               "weight_versions": [{"version": "2", "start": 0, "end": 2}]}]})
+        n = body["sampling_params"].get("n", 1) - seen.get("short_by", 0)
+        choices = [{"index": i, "token_ids": [5 + i, 6], "finish_reason": "length",
+                    "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.5}]},
+                    "weight_versions": [{"version": "2", "start": 0, "end": 2}]} for i in range(n)]
+        return web.json_response({"choices": choices[::-1]})  # vLLM's order is not promised
 
     async def completions(request):
         seen["completions"] = await request.json()
@@ -73,6 +75,21 @@ async def test_generate_route_sends_every_sampling_param_and_parses_spans():
     assert sp == {"max_tokens": 8, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "min_p": 0.1,
                   "repetition_penalty": 1.1, "n": 1, "logprobs": 0, "detokenize": False}
     assert unsalted["token_ids"] == [1, 2] and unsalted["request_id"] == "r1"
+
+
+async def test_a_whole_group_in_one_request_comes_back_in_index_order():
+    seen = {}
+    runner, url = await serve(make_app(seen=seen))
+    async with aiohttp.ClientSession() as s:
+        c = VLLMClient(url, s, request_timeout=5)
+        await c.handshake(5, "0.22.0")
+        outs = await c.generate_all([1, 2], SamplingConfig(max_tokens=8, n=3), "g1")
+        seen["short_by"] = 1  # a server that answers with fewer completions than asked for
+        with pytest.raises(VLLMIncompatible, match="answered 2 of the 3 completions .*one_request_per_group"):
+            await c.generate_all([1, 2], SamplingConfig(max_tokens=8, n=3), "g2")
+    await runner.cleanup()
+    assert [o.token_ids for o in outs] == [[5, 6], [6, 6], [7, 6]]
+    assert all(o.logprobs == [-0.5, -1.5] and o.spans == [("2", 0, 2)] and o.server == url for o in outs)
 
 
 async def test_falls_back_to_completions_with_token_ids():
