@@ -10,6 +10,7 @@ plugin.
 from __future__ import annotations
 
 import base64
+import json
 import math
 from functools import lru_cache
 
@@ -80,7 +81,7 @@ def test_generate_endpoint_reports_weight_versions(vllm_server, prompts):
     assert spans[-1]["end"] == len(choice["token_ids"])
 
 
-async def test_a_group_in_one_request_and_its_abort(vllm_server, prompts):
+async def test_a_group_in_one_request_and_its_abort(vllm_server, tiny_model_dir, prompts):
     """rollout.one_request_per_group: the G completions of one request (n = G) each come with
     their own tokens, logprobs and weight spans, and aborting the request's id stops them all."""
     import asyncio
@@ -89,12 +90,20 @@ async def test_a_group_in_one_request_and_its_abort(vllm_server, prompts):
 
     from services.rollout.vllm_client import SamplingConfig, VLLMClient
 
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    # Half the vocabulary stops a completion: the 8 end at different steps (vLLM 0.26 then
+    # answered only some of them; the client refuses such an answer)
+    uneven = {"token_ids": prompts[0], "model": vllm_server.model_name,
+              "sampling_params": {"max_tokens": 32, "n": 8, "logprobs": 0, "temperature": 1.0,
+                                  "stop_token_ids": list(range(vocab // 2, vocab))}}
     long = {"token_ids": prompts[0], "request_id": "grp-long", "model": vllm_server.model_name,
             "sampling_params": {"max_tokens": 480, "n": 4, "ignore_eos": True, "logprobs": 0}}
     async with aiohttp.ClientSession() as session:
         client = VLLMClient(vllm_server.base_url, session, request_timeout=120)
         await client.handshake(60, "0.22.0")
         group = await client.generate_all(prompts[0], SamplingConfig(max_tokens=8, n=4), "grp")
+        async with session.post(vllm_server.base_url + "/inference/v1/generate", json=uneven) as r:
+            uneven_choices = (await r.json())["choices"]
         pending = asyncio.create_task(session.post(vllm_server.base_url + "/inference/v1/generate", json=long))
         for _ in range(200):  # until vLLM runs the long group's 4 sequences
             if await asyncio.to_thread(_running, vllm_server) >= 4:
@@ -107,6 +116,7 @@ async def test_a_group_in_one_request_and_its_abort(vllm_server, prompts):
     for c in group:
         assert len(c.token_ids) == len(c.logprobs) and c.spans and c.spans[-1][2] == len(c.token_ids)
     assert all(len(c["token_ids"]) < 480 for c in cut)  # every child stopped with the parent
+    assert len(uneven_choices) == 8 and len({len(c["token_ids"]) for c in uneven_choices}) > 1
 
 
 def _running(server) -> float:
