@@ -191,16 +191,23 @@ class VLLMClient:
                 ValueError) as exc:
             status = exc.status if isinstance(exc, aiohttp.ClientResponseError) else None
             raise VLLMError(f"{self.base_url}: {type(exc).__name__}: {exc}", status) from exc
-        if len(outs) != sampling.n:  # vLLM 0.26's /inference/v1/generate drops finished children
-            raise VLLMIncompatible(f"vLLM at {self.base_url} answered {len(outs)} of the {sampling.n} completions "
-                                   "asked for in one request: it cannot serve rollout.one_request_per_group "
-                                   "(set it false)")
+        if len(outs) != sampling.n:
+            self._refuse_partial(len(outs), sampling.n)
+        latency = time.monotonic() - t0
         for out in outs:
-            out.latency_s = time.monotonic() - t0
-            out.server = self.base_url
+            out.latency_s, out.server = latency, self.base_url
             if len(out.logprobs) != len(out.token_ids):
                 raise VLLMError(f"{self.base_url}: {len(out.token_ids)} tokens but {len(out.logprobs)} logprobs")
         return outs
+
+    def _refuse_partial(self, got: int, asked: int) -> None:
+        """An answer without every completion asked for: vLLM 0.26's /inference/v1/generate keeps
+        only the completions of an n > 1 request that ended in its last step, so that server can
+        never serve one request per group."""
+        if asked == 1:
+            raise VLLMError(f"{self.base_url}: an answer without a completion")
+        raise VLLMIncompatible(f"vLLM at {self.base_url} answered {got} of the {asked} completions asked for "
+                               "in one request: it cannot serve rollout.one_request_per_group (set it false)")
 
     async def _post(self, path: str, body: dict) -> dict:
         async with self.session.post(self.base_url + path, json=body, timeout=self.timeout) as r:

@@ -87,6 +87,8 @@ async def test_a_whole_group_in_one_request_comes_back_in_index_order():
         seen["short_by"] = 1  # a server that answers with fewer completions than asked for
         with pytest.raises(VLLMIncompatible, match="answered 2 of the 3 completions .*one_request_per_group"):
             await c.generate_all([1, 2], SamplingConfig(max_tokens=8, n=3), "g2")
+        with pytest.raises(VLLMError, match="an answer without a completion"):  # n = 1: not a config matter
+            await c.generate([1, 2], SamplingConfig(max_tokens=8), "r3")
     await runner.cleanup()
     assert [o.token_ids for o in outs] == [[5, 6], [6, 6], [7, 6]]
     assert all(o.logprobs == [-0.5, -1.5] and o.spans == [("2", 0, 2)] and o.server == url for o in outs)
