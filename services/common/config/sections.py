@@ -134,7 +134,8 @@ class RolloutSection(ServiceSection):
     one_request_per_group: bool = False
     """Single-turn: ask vLLM for a group's num_generations completions in one request (n = G)
     instead of one request each (TRL's way). vLLM's API server and rollout then handle G times
-    fewer requests; a group holds its G request slots until its last completion ends."""
+    fewer requests; a group holds its G request slots until its last completion ends. Async
+    runs with it stalled for seconds at times on CPU (docs/architecture.md, Pacing)."""
     generate_endpoint: Literal["auto", "generate", "completions"] = "auto"
     """vLLM route: auto prefers /inference/v1/generate (per-token weight versions)."""
     min_vllm_version: str = "0.22.0"
