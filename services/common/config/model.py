@@ -73,6 +73,9 @@ class AgrpoConfig(GRPOArgs):
         if self.environment_factory and self.dataset.path is None and self.max_steps <= 0:
             raise ValueError("environment_factory without dataset.path: the environment writes the "
                              "prompts, so max_steps > 0 must bound the run")
+        if self.rollout.one_request_per_group and (self.tools or self.environment_factory):
+            raise ValueError("rollout.one_request_per_group is for single-turn groups; with tools or "
+                             "environment_factory each conversation turn is its own request")
         if self.use_liger_kernel:
             raise ValueError("use_liger_kernel: not supported (as in TRL's async trainer)")
         if self.lr_scheduler_type not in ("constant", "constant_with_warmup") and self.max_steps <= 0:

@@ -82,6 +82,9 @@ def test_cross_field_rules():
     assert load_config(["--lr_scheduler_type", "cosine", "--max_steps", "10"], {}).max_steps == 10
     with pytest.raises(ConfigError, match="reward_weights"):
         load_config(["--reward_weights", "[1.0]"], {})
+    with pytest.raises(ConfigError, match="one_request_per_group is for single-turn groups"):
+        load_config(["--rollout.one_request_per_group", "true", "--tools", "[m:f]"], {})
+    assert load_config(["--rollout.one_request_per_group", "true"], {}).rollout.one_request_per_group
 
 
 def test_unsupported_compat_key_at_default_is_accepted():
