@@ -114,4 +114,22 @@ def load(engine, spec: dict, drain_s: float) -> dict:
         engine.reset_prefix_cache(reset_running_requests=bool(spec.get("reset_running")))
     engine.set_weight_version(str(spec["label"]))
     engine.resume_scheduler()
+    wake(engine)
     return {"ok": True, "drain_s": drain_s, "load_s": loaded - t0, "reset_s": time.perf_counter() - loaded}
+
+
+def wake(engine) -> None:
+    """Make the engine's busy loop look for work again after a resume from inside its idle
+    callback. The loop runs that callback just before it blocks on its input queue, so without
+    a wake-up the resumed requests waited for the next request or abort to arrive: up to 4 s
+    in the async CPU demo with one request per group, where nothing new arrives until a group
+    finishes. (When the pause completes at once, the swap runs as a utility call and the loop
+    re-checks by itself; the extra wake-up is then a no-op.)"""
+    queue = getattr(engine, "input_queue", None)  # an in-process engine has no loop to wake
+    if queue is None:
+        return
+    from vllm.v1.engine import EngineCoreRequestType
+
+    wakeup = getattr(EngineCoreRequestType, "WAKEUP", None)
+    if wakeup is not None:
+        queue.put_nowait((wakeup, None))

@@ -8,8 +8,10 @@ leaves the server paused under the "partial" label, and the next sync recovers i
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import pytest
 from trainer_helpers import greedy, vllm_greedy
@@ -49,10 +51,10 @@ async def running(server, timeout: float = 2.0) -> None:
     await asyncio.sleep(0.05)
 
 
-def long_greedy_request(server, n: int) -> dict:
+def long_greedy_request(server, n: int, timeout: float = 120.0) -> dict:
     body = {"token_ids": PROMPT, "model": server.model_name,
             "sampling_params": {"max_tokens": n, "temperature": 0.0, "ignore_eos": True, "logprobs": 0}}
-    return server.post_json("/inference/v1/generate", body)["choices"][0]
+    return server.post_json("/inference/v1/generate", body, timeout=timeout)["choices"][0]
 
 
 async def test_swap_splits_requests_in_flight_exactly_where_the_weights_changed(shared_vllm, tiny_model_factory):
@@ -128,3 +130,24 @@ async def test_failed_swap_stays_paused_as_partial_and_the_next_sync_recovers(sh
     assert report.ok and shared_vllm.get_json("/is_paused")["is_paused"] is False
     assert shared_vllm.get_json("/weight_info")["weight_version"] == "9"
     assert vllm_greedy(shared_vllm, PROMPT) == greedy(new, PROMPT)
+
+
+def test_requests_go_on_after_a_swap_that_waited_for_the_step_in_flight(shared_vllm):
+    """A swap sent while a request ends at every engine step pauses only once that step is
+    done, so it runs in vLLM's idle callback, right before the engine's loop blocks on its
+    input queue. With nothing else sent, the requests kept must still finish: before the
+    plugin woke the loop, they waited for the next request to arrive (here: forever)."""
+    label = shared_vllm.get_json("/weight_info")["weight_version"]
+    spec = {"calls": [], "label": label, "reset_prefix_cache": True, "reset_running": True, "timeout": 30}
+    pool = ThreadPoolExecutor(96)
+    try:
+        requests = [pool.submit(long_greedy_request, shared_vllm, n, 90.0) for n in range(20, 116)]  # one ends per step
+        asyncio.run(running(shared_vllm, timeout=10.0))
+        time.sleep(0.2)
+        assert not all(r.done() for r in requests), "the requests ended before the swap"
+        shared_vllm.post_json("/collective_rpc", {"method": "agrpo_swap", "args": [json.dumps(spec)], "timeout": 30})
+        finished, stuck = wait(requests, timeout=60)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    assert not stuck, f"{len(stuck)} of {len(requests)} requests did not finish after the swap"
+    assert sorted(len(r.result()["token_ids"]) for r in finished) == list(range(20, 116))

@@ -5,6 +5,8 @@ runs in tests/integration/trainer/test_trainer_weight_swap.py."""
 from __future__ import annotations
 
 import json
+import queue
+import sys
 from concurrent.futures import Future
 from types import SimpleNamespace
 
@@ -43,6 +45,24 @@ class Engine:
 
     def resume_scheduler(self):
         self.log.append(("resume",))
+
+
+class LoopEngine(Engine):
+    """An engine core with a busy loop: it blocks on `input_queue` when it has nothing to do."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.input_queue: queue.Queue = queue.Queue()
+
+
+@pytest.fixture
+def wakeup_type(monkeypatch):
+    """vLLM's input sentinel that only wakes the engine's loop (vLLM is not in this venv)."""
+    request_types = SimpleNamespace(WAKEUP=b"\x05")
+    module = SimpleNamespace(EngineCoreRequestType=request_types)
+    for name in ("vllm", "vllm.v1", "vllm.v1.engine"):
+        monkeypatch.setitem(sys.modules, name, module)
+    return request_types.WAKEUP
 
 
 def spec(**over) -> str:
@@ -94,3 +114,24 @@ def test_probe_and_data_parallel_refusal():
     engine = Engine(dp=2)
     [answer] = swap(engine, spec())
     assert not answer["ok"] and "data_parallel_size=2" in answer["why"] and engine.log == []
+
+
+def test_a_resume_from_the_idle_callback_wakes_the_engine_loop(wakeup_type):
+    """vLLM runs the idle callback right before its loop blocks on the input queue: without a
+    wake-up, the resumed requests wait for the next request to arrive (seconds, when nothing
+    new comes until they finish)."""
+    engine = LoopEngine(busy=True)
+    done = swap(engine, spec())
+    assert engine.input_queue.empty()  # paused: nothing to wake yet
+    engine.pending.set_result(None)
+    assert done.result(timeout=0)[0]["ok"]
+    assert engine.input_queue.get_nowait() == (wakeup_type, None) and engine.input_queue.empty()
+
+
+def test_a_failed_load_does_not_wake_the_paused_engine(wakeup_type):
+    engine = LoopEngine(busy=True, fail_on="update_weights")
+    done = swap(engine, spec())
+    engine.pending.set_result(None)
+    with pytest.raises(RuntimeError):
+        done.result(timeout=0)
+    assert engine.input_queue.empty()
