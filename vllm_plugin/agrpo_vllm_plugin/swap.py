@@ -7,7 +7,8 @@ pause lasted ~45 ms of a ~180 ms step. Here the engine core runs the whole seque
 between two scheduler steps: pause(keep) -> once idle, the worker calls the trainer listed
 (e.g. start_weight_update, update_weights, finish_weight_update) -> reset the prefix cache
 (preempting running requests, recomputed under the new weights; or kept, with the cache, when
-the caller's requests salt their prompts' cache by version) -> set the weight label -> resume. Generation stops only for the load itself.
+the caller's requests salt their prompts' cache by version) -> set the weight label -> resume
+-> wake the engine's loop (see :func:`wake`). Generation stops only for the load itself.
 
 Exactness is vLLM's pause: the calls run only once the engine is idle (its batch queue
 drained), so every output before the label change came from the old weights and every token

@@ -10,6 +10,7 @@ Values from the environment and flags are parsed as YAML scalars ("2" -> 2, "[a,
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 from collections.abc import Mapping, Sequence
@@ -158,9 +159,11 @@ def _set_path(out: dict[str, Any], path: list[str], value: Any) -> None:
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> None:
-    """Nested sections merge key by key; anything else replaces."""
+    """Nested sections merge key by key; anything else replaces, as a copy: a later merge into
+    `base` must not change `override` (benchmarks/async_speedup.py merges its --set into every
+    run, then a variant on top: the variant used to leak into --set and so into later runs)."""
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
             merge(base[key], value)
         else:
-            base[key] = value
+            base[key] = copy.deepcopy(value)

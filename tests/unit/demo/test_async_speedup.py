@@ -56,3 +56,15 @@ def test_a_config_typo_in_any_run_stops_before_the_first_starts(args, env, says,
     err = capsys.readouterr().err.strip()
     assert err.startswith("[bench] config error:") and says in err and "\n" not in err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_variant_does_not_leak_into_set_or_later_runs(tmp_path):
+    """--set merged into every run, then a variant on top: the variant used to change --set
+    itself (a shared nested dict), so sync and the plain async run got it too."""
+    a = argparse.Namespace(set={"rollout": {"one_request_per_group": True}}, steps=4, num_prompts=8, out=tmp_path,
+                           cache=tmp_path, learning_rate=None, no_pin=True, pin={})
+    n1 = {"rollout": {"one_request_per_group": False}}
+    overrides = [bench.demo_options(label, schedule, s, seed, a, variant).overrides
+                 for label, schedule, s, seed, variant in bench.run_plan([0], [2], [("n1", n1)])]
+    assert [o["rollout"]["one_request_per_group"] for o in overrides] == [True, True, False]
+    assert a.set == {"rollout": {"one_request_per_group": True}}
