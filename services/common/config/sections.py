@@ -135,9 +135,9 @@ class RolloutSection(ServiceSection):
     """Single-turn: ask vLLM for a group's num_generations completions in one request (n = G)
     instead of one request each (TRL's way). vLLM's API server and rollout then handle G times
     fewer requests; a group holds its G request slots until its last completion ends, so its
-    samples are staler under async (docs/architecture.md, Pacing). vLLM 0.26's generate route
-    answers only part of such a request (rollout then stops with one line): there, use it with
-    generate_endpoint: completions."""
+    samples are staler under async. The CPU demo turns it on (docs/architecture.md, Pacing).
+    vLLM 0.26's generate route answers only part of such a request (rollout then stops with one
+    line): there, use it with generate_endpoint: completions."""
     generate_endpoint: Literal["auto", "generate", "completions"] = "auto"
     """vLLM route: auto prefers /inference/v1/generate (per-token weight versions)."""
     min_vllm_version: str = "0.22.0"

