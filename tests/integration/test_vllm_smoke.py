@@ -84,8 +84,6 @@ def test_generate_endpoint_reports_weight_versions(vllm_server, prompts):
 async def test_a_group_in_one_request_and_its_abort(vllm_server, tiny_model_dir, prompts):
     """rollout.one_request_per_group: the G completions of one request (n = G) each come with
     their own tokens, logprobs and weight spans, and aborting the request's id stops them all."""
-    import asyncio
-
     import aiohttp
 
     from services.rollout.vllm_client import SamplingConfig, VLLMClient
@@ -104,19 +102,35 @@ async def test_a_group_in_one_request_and_its_abort(vllm_server, tiny_model_dir,
         group = await client.generate_all(prompts[0], SamplingConfig(max_tokens=8, n=4), "grp")
         async with session.post(vllm_server.base_url + "/inference/v1/generate", json=uneven) as r:
             uneven_choices = (await r.json())["choices"]
-        pending = asyncio.create_task(session.post(vllm_server.base_url + "/inference/v1/generate", json=long))
-        for _ in range(100):  # an abort before vLLM has the request is a no-op: repeat until it answers
-            await client.abort(["grp-long"])
-            done, _ = await asyncio.wait({pending}, timeout=0.1)
-            if done:
-                break
-        async with await pending as r:
-            cut = (await r.json())["choices"] if r.status == 200 else []
+        cut = await _aborted_while_running(client, vllm_server.base_url, long)
     assert len(group) == 4 and len({tuple(c.token_ids) for c in group}) > 1  # each sampled on its own
     for c in group:
         assert len(c.token_ids) == len(c.logprobs) and c.spans and c.spans[-1][2] == len(c.token_ids)
     assert all(len(c["token_ids"]) < 480 for c in cut)  # every child stopped with the parent
     assert len(uneven_choices) == 8 and len({len(c["token_ids"]) for c in uneven_choices}) > 1
+
+
+async def _aborted_while_running(client, base_url: str, body: dict) -> list[dict]:
+    """The choices of `body`'s request, aborted by its id while it runs. The request goes on a
+    session of its own: on the client's session an abort could wait behind it for a connection
+    and arrive after it had ended. An abort before vLLM has the request is a no-op, so the first
+    comes after 0.3 s (480 tokens take seconds) and they repeat until the request answers."""
+    import asyncio
+
+    import aiohttp
+
+    async def post() -> list[dict]:
+        async with aiohttp.ClientSession() as own, own.post(base_url + "/inference/v1/generate", json=body) as r:
+            return (await r.json())["choices"] if r.status == 200 else []
+
+    pending = asyncio.create_task(post())
+    await asyncio.sleep(0.3)
+    for _ in range(100):
+        await client.abort([body["request_id"]])
+        done, _ = await asyncio.wait({pending}, timeout=0.1)
+        if done:
+            break
+    return await pending
 
 
 def _safetensors_chunks_b64(model_dir, n_chunks: int = 2) -> list[str]:
