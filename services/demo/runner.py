@@ -88,8 +88,10 @@ def _rollout_settings(opts: DemoOptions) -> dict:
     requests for its API server, which shares a core with the trainer. Side by side, async
     reached a good reward sooner with it in 6 of 7 seeds, though its samples are staler
     (docs/architecture.md, Pacing). Not on the GPU demo: vLLM 0.26's generate route answers
-    only part of such a request."""
-    return {} if opts.gpu else {"one_request_per_group": True}
+    only part of such a request. Nor with tools or an environment from --set: each turn of a
+    conversation is its own request."""
+    multi_turn = any(opts.overrides.get(key) for key in ("tools", "environment_factory"))
+    return {} if opts.gpu or multi_turn else {"one_request_per_group": True}
 
 
 def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str) -> Path:

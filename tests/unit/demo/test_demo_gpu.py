@@ -230,3 +230,8 @@ def test_trainer_gets_its_gpu_and_reads_no_launcher_variable_as_config(tmp_path,
     proc = ServiceProcess("trainer", ["true"], tmp_path / "t.log", env=gpu.service_env("trainer", gpu.GpuOptions()))
     assert proc.env["CUDA_VISIBLE_DEVICES"] == "1" and proc.env["NCCL_CUMEM_ENABLE"] == "0"
     load_config([], proc.env)  # a service started with that environment accepts it
+
+def test_cpu_demo_with_tools_sends_one_request_per_turn(tmp_path):
+    """The demo's one-request-per-group default steps aside for a conversation set by --set."""
+    _, cfg = _config(tmp_path, ["--set", "tools=[services.demo.task:digit_share]"])
+    assert cfg.tools and cfg.rollout.one_request_per_group is False
