@@ -238,6 +238,8 @@ class TrainerLoop:
 
     def stop(self) -> None:
         """Finish the step in progress and start no other (the buffer's waiter is released)."""
+        if not self._stop.is_set():
+            log.info("stop requested after step %d: finishing the step in progress", self.state.step)
         self._stop.set()
         self.buffer.wake()
 
