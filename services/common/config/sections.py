@@ -229,9 +229,10 @@ class TrainerSection(ServiceSection):
     in-flight update); their later tokens come from the new weights, and the per-token version
     spans say so. vLLM cannot drop the prefix cache while they hold it, so rollout salts each
     prompt's cache with its dispatch version: no request reuses KV of other weights. Pacing does
-    not count on it yet: at max_staleness 1 one demo run in three dropped 4.4% of its samples as stale. On the
-    demo task (max_staleness 2, 9 seeds) it reached a good reward 0.90x and 0.71x as fast as the
-    default, but one run never learned (docs/architecture.md, Pacing)."""
+    not count on it yet: at max_staleness 1 one demo run in three dropped 4.4% of its samples as
+    stale. The CPU demo turns it off: with one request per group (max_staleness 2, 9 seeds side by
+    side) async reached a good reward in 0.64x of sync's time, against 0.75x with it on
+    (docs/architecture.md, Pacing)."""
     peak_tflops: float | None = Field(None, gt=0)
     """Accelerator peak TFLOP/s for perf/mfu; None: MFU not logged."""
     forward: Literal["auto", "tree", "unpacked"] = "auto"

