@@ -234,9 +234,14 @@ def test_trainer_gets_its_gpu_and_reads_no_launcher_variable_as_config(tmp_path,
     assert proc.env["CUDA_VISIBLE_DEVICES"] == "1" and proc.env["NCCL_CUMEM_ENABLE"] == "0"
     load_config([], proc.env)  # a service started with that environment accepts it
 
+
 def test_cpu_demo_with_tools_sends_one_request_per_turn(tmp_path):
     """The demo's one-request-per-group default steps aside for a conversation set by --set."""
     _, cfg = _config(tmp_path, ["--set", "tools=[services.demo.task:digit_share]"])
     assert cfg.tools and cfg.rollout.one_request_per_group is False
+
+
+def test_set_overrides_the_cpu_demos_kept_kv(tmp_path):
+    """--set comes last: a user who wants the recompute back gets it."""
     _, kept = _config(tmp_path, ["--set", "trainer.recompute_in_flight=true"])
-    assert kept.trainer.recompute_in_flight is True  # --set comes last
+    assert kept.trainer.recompute_in_flight is True
