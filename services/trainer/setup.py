@@ -33,10 +33,10 @@ def make_transport(cfg: AgrpoConfig, device: torch.device):
 
         return IpcTransport()
     if kind == "http":
-        return HttpTransport(cfg.trainer.http_chunk_mb)
+        return HttpTransport(cfg.trainer.http_chunk_mb, reload=cfg.trainer.cpu_reload)
     if kind == "shared_path":
         folder = cfg.trainer.shared_weights_dir or Path(cfg.resolved_output_dir) / "shared_weights"
-        return SharedPathTransport(folder)
+        return SharedPathTransport(folder, reload=cfg.trainer.cpu_reload)
     from .weight_sync.nccl import NcclTransport
 
     return NcclTransport()

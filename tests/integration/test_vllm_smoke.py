@@ -170,3 +170,46 @@ def test_weight_update_through_cpu_http_plugin(vllm_server, tiny_model_dir, tiny
         # Restore the session server (via the `path` variant) for later tests.
         _push_weights(vllm_server, [{"path": str(tiny_model_dir)}], "default")
     assert [vllm_greedy(vllm_server, p) for p in prompts] == expected_v1
+
+
+def _greedy_logprobs(server, prompts: list[list[int]]) -> list[dict]:
+    """Greedy tokens with their top-5 logprobs: equal only for bit-equal weights, give or take."""
+    out = []
+    for p in prompts:
+        r = server.post_json("/v1/completions", {"model": server.model_name, "prompt": p, "max_tokens": 8,
+                                                 "temperature": 0.0, "logprobs": 5, "return_token_ids": True})
+        choice = r["choices"][0]
+        out.append({"ids": choice["token_ids"], "top": choice["logprobs"]["top_logprobs"]})
+    return out
+
+
+def test_kept_reload_packs_what_vllms_layerwise_reload_packs(vllm_server, tiny_model_dir, tiny_model_factory,
+                                                             prompts):
+    """Our cpu_http engine's kept reload (the default) against vLLM's layerwise one: after the
+    same updates, a whole one and one that leaves most layers out, the same logprobs to the bit.
+    The kept reload first runs after a layerwise one, which leaves its wrappers on vLLM's
+    recorded loaders (they once swallowed the kept reload's writes: NaN logits)."""
+    from safetensors.torch import load_file, save
+
+    v2_dir = tiny_model_factory(1)
+    v2 = load_file(str(v2_dir / "model.safetensors"))
+    partial = base64.b64encode(save({k: t for k, t in v2.items()
+                                     if k.startswith(("lm_head.", "model.layers.1."))})).decode()
+    whole, original = [{"path": str(v2_dir)}], [{"path": str(tiny_model_dir)}]
+    seen = {}
+    try:
+        for mode in ("layerwise", "auto"):
+            vllm_server.post_json("/init_weight_transfer_engine", {"init_info": {"reload": mode}})
+            _push_weights(vllm_server, original, f"{mode}-v1")
+            _push_weights(vllm_server, [{"safetensors_b64": partial}], f"{mode}-v1+")
+            seen[mode, "partial"] = _greedy_logprobs(vllm_server, prompts)
+            _push_weights(vllm_server, whole, f"{mode}-v2")
+            seen[mode, "whole"] = _greedy_logprobs(vllm_server, prompts)
+    finally:
+        vllm_server.post_json("/init_weight_transfer_engine", {"init_info": {}})
+        _push_weights(vllm_server, original, "default")
+    assert [vllm_greedy(vllm_server, p) for p in prompts] == [hf_greedy(tiny_model_dir, p) for p in prompts]
+    assert seen["auto", "whole"] == seen["layerwise", "whole"]
+    assert seen["auto", "partial"] == seen["layerwise", "partial"]
+    assert seen["auto", "partial"] != seen["auto", "whole"]  # the partial update left layers as they were
+    assert "cpu_http: kept reload" in vllm_server.log_path.read_text(errors="replace")

@@ -4,8 +4,8 @@ Each ``/update_weights`` call carries one chunk of HF-named tensors
 (``model.layers.0.self_attn.q_proj.weight`` ...), either inline or as a path.
 Chunks may be any partition of the state dict: vLLM's ``model.load_weights``
 does the q/k/v and gate/up fusing itself. Between ``start_weight_update`` and
-``finish_weight_update`` we run vLLM's layerwise reload, which is what re-does
-the CPU-specific weight repacking once all of a layer's tensors have arrived.
+``finish_weight_update`` the CPU layers pack their weights again: by our kept reload
+(agrpo_vllm_plugin/cpu_reload.py) where it is exact, else by vLLM's layerwise reload.
 """
 
 import base64
@@ -20,13 +20,22 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferInitInfo,
     WeightTransferUpdateInfo,
 )
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
 
 
 @dataclass
 class CpuHttpInitInfo(WeightTransferInitInfo):
-    """Nothing to set up (no process group, no sockets); the field only lets
-    callers send ``{"init_info": {}}`` or a free-form note."""
+    """Nothing to set up (no process group, no sockets).
 
+    reload: "auto" packs the updated layers again from unpacked weights kept between
+        updates where that is exact (cpu_reload.refusal), else as "layerwise": vLLM's own
+        reload, for any model.
+    note: free-form.
+    """
+
+    reload: str = "auto"
     note: str = ""
 
 
@@ -59,18 +68,49 @@ class CpuHttpWeightTransferEngine(WeightTransferEngine[CpuHttpInitInfo, CpuHttpU
     init_info_cls = CpuHttpInitInfo
     update_info_cls = CpuHttpUpdateInfo
 
+    reload_mode = "auto"
+
     def init_transfer_engine(self, init_info: CpuHttpInitInfo) -> None:
-        pass  # the transport is the HTTP request itself
+        # The transport is the HTTP request (or the file) itself; only the reload is settled here.
+        if init_info.reload not in ("auto", "layerwise"):
+            raise ValueError(f"cpu_http: reload must be 'auto' or 'layerwise', not {init_info.reload!r}")
+        self.reload_mode = init_info.reload
+        if init_info.reload == "layerwise":  # the kept copy of the weights is of no more use
+            self.model.__dict__.pop("_agrpo_kept_reload", None)
 
     def start_weight_update(self) -> None:
+        kept = self._kept_reload()
+        if kept is not None:
+            kept.start()
+            return
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
+        kept = self._kept_reload()
+        if kept is not None:
+            kept.finish(self.model_config.dtype)
+            return
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         finalize_layerwise_reload(self.model, self.model_config)
+
+    def _kept_reload(self):
+        """This model's KeptReload, or None for vLLM's layerwise reload (asked for, or the kept
+        one would not be exact here; the reason is logged once)."""
+        from . import cpu_reload
+
+        if self.reload_mode == "layerwise":
+            return None
+        cached = getattr(self.model, "_agrpo_kept_reload", None)
+        if cached is None:
+            why = cpu_reload.refusal(self.model, self.model_config)
+            cached = cpu_reload.KeptReload(self.model) if not why else why
+            logger.info("cpu_http: %s", f"vLLM's layerwise reload ({why})" if why else
+                        "kept reload (updated layers packed again from unpacked weights kept in memory)")
+            self.model._agrpo_kept_reload = cached
+        return cached if isinstance(cached, cpu_reload.KeptReload) else None
 
     def update_weights(self, update_info: dict) -> None:
         # The base class ends with torch.accelerator.synchronize(), which has no

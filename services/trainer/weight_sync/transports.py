@@ -71,6 +71,12 @@ def split_by_bytes(named: list[tuple[str, torch.Tensor]], limit: int) -> list[li
     return chunks
 
 
+def cpu_init_info(reload: str) -> dict[str, str]:
+    """init_info of our plugin's cpu_http engine: its default reload is left unsaid, so a
+    plugin from before the option still accepts it."""
+    return {} if reload == "auto" else {"reload": reload}
+
+
 @dataclass
 class Prepared:
     """A version's payload: update_info dicts for /update_weights, plus where it lives."""
@@ -89,11 +95,12 @@ class HttpTransport:
     snapshot = True  # prepare() serialises: training may change the weights once it returns
     in_band = True  # the payload is in update_info: the engine's one-call swap can carry it
 
-    def __init__(self, chunk_mb: int = 64) -> None:
+    def __init__(self, chunk_mb: int = 64, reload: str = "auto") -> None:
         self.chunk_bytes = chunk_mb * 1024 * 1024
+        self.reload = reload
 
     async def init(self, admin: VLLMAdmin) -> None:
-        await admin.init_engine({})
+        await admin.init_engine(cpu_init_info(self.reload))
 
     def prepare(self, named: list[tuple[str, torch.Tensor]], version: int) -> Prepared:
         from safetensors.torch import save
@@ -120,11 +127,11 @@ class SharedPathTransport:
     snapshot = True
     in_band = True
 
-    def __init__(self, folder: Path, keep: int = 2) -> None:
-        self.folder, self.keep = Path(folder), keep
+    def __init__(self, folder: Path, keep: int = 2, reload: str = "auto") -> None:
+        self.folder, self.keep, self.reload = Path(folder), keep, reload
 
     async def init(self, admin: VLLMAdmin) -> None:
-        await admin.init_engine({})
+        await admin.init_engine(cpu_init_info(self.reload))
 
     def prepare(self, named: list[tuple[str, torch.Tensor]], version: int) -> Prepared:
         from safetensors.torch import save_file

@@ -31,6 +31,7 @@ class FakeVLLM:
         self.version = version
         self.calls: list[str] = []
         self.queries: dict[str, str] = {}
+        self.bodies: dict[str, dict] = {}
         self.extension, self.labels = extension, labels
         self.label = "default"
         self.active = False
@@ -45,7 +46,7 @@ class FakeVLLM:
         if name == "collective_rpc":
             name = body["method"]
         self.calls.append(name)
-        self.queries[name] = request.query_string
+        self.queries[name], self.bodies[name] = request.query_string, body
         if name == self.hang_on:
             await self.release.wait()
         if name == self.fail_on:
@@ -150,6 +151,21 @@ async def test_phase_order_and_label(servers):
     assert a.calls == ["init_weight_transfer_engine", "version", "agrpo_direct_load_check", "pause",
                        "start_weight_update", "update_weights", "update_weights", "finish_weight_update", "resume"]
     assert a.label == "3"
+
+
+@pytest.mark.parametrize("reload, init_info", [("auto", {}), ("layerwise", {"reload": "layerwise"})])
+async def test_cpu_transports_ask_for_the_reload_of_the_config(servers, tmp_path, reload, init_info):
+    """trainer.cpu_reload reaches our plugin's cpu_http engine; the default is left unsaid, so a
+    plugin from before the option accepts it."""
+    from services.trainer.weight_sync.transports import HttpTransport, SharedPathTransport
+
+    for transport in (HttpTransport(reload=reload), SharedPathTransport(tmp_path, reload=reload)):
+        a = await servers()
+        syncer = WeightSyncer([a.url], transport, 5.0, 30.0)
+        await syncer.open()
+        report = await syncer.sync(1, _prepare(1))
+        await syncer.close()
+        assert report.ok and a.bodies["init_weight_transfer_engine"] == {"init_info": init_info}
 
 
 async def test_vllm_flow_pauses_without_the_settle_sleep_from_0_26(servers):
