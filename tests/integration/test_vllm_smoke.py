@@ -102,11 +102,16 @@ async def test_a_group_in_one_request_and_its_abort(vllm_server, tiny_model_dir,
         group = await client.generate_all(prompts[0], SamplingConfig(max_tokens=8, n=4), "grp")
         async with session.post(vllm_server.base_url + "/inference/v1/generate", json=uneven) as r:
             uneven_choices = (await r.json())["choices"]
-        cut = await _aborted_while_running(client, vllm_server.base_url, long)
+        for attempt in range(3):  # an abort that came after the request ended: again
+            body = dict(long, request_id=f"grp-long-{attempt}")
+            cut = await _aborted_while_running(client, vllm_server.base_url, body)
+            if any(c["finish_reason"] == "abort" for c in cut):
+                break
     assert len(group) == 4 and len({tuple(c.token_ids) for c in group}) > 1  # each sampled on its own
     for c in group:
         assert len(c.token_ids) == len(c.logprobs) and c.spans and c.spans[-1][2] == len(c.token_ids)
-    assert len(cut) == 4 and all(len(c["token_ids"]) < 480 for c in cut)  # every child stopped with the parent
+    # every child stopped with the parent
+    assert len(cut) == 4 and all(c["finish_reason"] == "abort" and len(c["token_ids"]) < 480 for c in cut)
     assert len(uneven_choices) == 8 and len({len(c["token_ids"]) for c in uneven_choices}) > 1
 
 
@@ -114,9 +119,9 @@ async def _aborted_while_running(client, base_url: str, body: dict) -> list[dict
     """The choices of `body`'s request, aborted by its id while it runs. The request goes on a
     session of its own: on the client's session an abort could wait behind it for a connection
     and arrive after it had ended. An abort before vLLM has the request (or before it has added
-    all of its children) misses what is not there yet, so aborts repeat every 20 ms until the
-    request answers. (A first abort after 0.3 s came too late on a quiet machine: the tiny
-    model wrote all 480 tokens in about that time.)"""
+    all of its children) misses what is not there yet, so aborts go every 20 ms, none waiting
+    for the answer of the last, until the request answers. (Fresh-clone CI runs still saw the
+    request answer with all 480 tokens: the caller tries again when no child was aborted.)"""
     import asyncio
 
     import aiohttp
@@ -126,11 +131,13 @@ async def _aborted_while_running(client, base_url: str, body: dict) -> list[dict
             return (await r.json())["choices"] if r.status == 200 else []
 
     pending = asyncio.create_task(post())
+    aborts = []
     for _ in range(500):
         done, _ = await asyncio.wait({pending}, timeout=0.02)
         if done:
             break
-        await client.abort([body["request_id"]])
+        aborts.append(asyncio.create_task(client.abort([body["request_id"]])))
+    await asyncio.gather(*aborts, return_exceptions=True)
     return await pending
 
 
