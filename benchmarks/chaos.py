@@ -96,10 +96,12 @@ def _saving(output_dir: Path) -> bool:
     return any(output_dir.glob(".checkpoint-*.tmp"))
 
 
-def wait_for_moment(target: str, job, vllm, output_dir: Path, limit_s: float) -> bool:
-    """For trainer@sync / trainer@save: poll (2 ms) until vLLM is paused or the trainer's sync
-    request is open / a checkpoint is being written; False when it did not happen within
-    limit_s (the kill happens anyway)."""
+def wait_for_moment(target: str, job, vllm, output_dir: Path, metrics: Path, limit_s: float) -> float | None:
+    """For trainer@sync / trainer@save: once the trainer has logged a step (on a cold machine
+    the first one can come a minute after the services serve), poll (2 ms) until vLLM is paused
+    or the trainer's sync request is open / a checkpoint is being written. Returns the seconds
+    waited, or None when the moment did not come within limit_s of the first step (the kill
+    happens anyway)."""
     if target == "trainer@sync":
         def seen() -> bool:
             trainer = _process("trainer", job, vllm)
@@ -107,13 +109,16 @@ def wait_for_moment(target: str, job, vllm, output_dir: Path, limit_s: float) ->
     elif target == "trainer@save":
         seen = lambda: _saving(output_dir)  # noqa: E731
     else:
-        return True
+        return 0.0
+    t0 = time.monotonic()
+    while last_step(metrics) == 0 and time.monotonic() - t0 < limit_s:
+        time.sleep(0.2)
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if seen():
-            return True
+            return time.monotonic() - t0
         time.sleep(0.002)
-    return False
+    return None
 
 
 def _process(name: str, job, vllm):
@@ -188,11 +193,12 @@ def run(a) -> int:
     try:
         for n, target in enumerate(plan(a.kills, rng), 1):
             time.sleep(rng.uniform(a.min_s, a.max_s))
-            at_moment = wait_for_moment(target, job, vllm, output_dir, limit_s=60)
+            waited_s = wait_for_moment(target, job, vllm, output_dir, metrics, limit_s=120)
             step = last_step(metrics)
             killed = kill(target, job, vllm)
             back_s, step_s = recovery(target, cfg, vllm, metrics, a.recover_s)
-            rows.append({"kill": n, "target": target, "killed": killed, "at_moment": at_moment, "step": step,
+            rows.append({"kill": n, "target": target, "killed": killed, "at_moment": waited_s is not None,
+                         "moment_wait_s": _round(waited_s), "step": step,
                          "back_s": _round(back_s), "next_step_s": _round(step_s)})
             print(json.dumps(rows[-1]), flush=True)
             if step_s is None or errors:
