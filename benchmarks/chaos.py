@@ -14,9 +14,19 @@ checkpoint is being written ("trainer@save").
 Each service is killed at least kills/6 times. After the last kill the run trains
 `--after` more steps, stops cleanly, and `agrpo audit`'s checker reads the raw audit log:
 every prompt key trained by one group, no sample id twice, every epoch before the last
-complete, no staleness past the bound. Recovery: from a kill until the service serves again
-(gRPC health, or vLLM's /health), then until the trainer logs a step after that. Prints one row per kill and the verdict; exits 1 when
-the audit fails or training never recovers.
+complete, every group trained whole, no staleness past the bound, and the latest checkpoint's
+ledger is the log's history up to its step. Recovery: from a kill until the service serves
+again (gRPC health, or vLLM's /health), then until the trainer logs a step after that. Prints
+one row per kill and the verdict; exits 1 when the audit fails or training never recovers.
+
+Two supervisors (`--supervisor`):
+- `launcher` (default): `agrpo run`'s own, which gives every service the job's run id.
+- `plain`: benchmarks/plain_supervisor.py, as systemd's Restart=always or a compose restart
+  policy: the same command line again, with the config as a user writes it (no run_id, no
+  resume flag). The trainer must continue its run after every kill: nothing moved to
+  `previous/`, the run id of run.json unchanged.
+
+  .venv/bin/python benchmarks/chaos.py --short --supervisor plain
 """
 
 from __future__ import annotations
@@ -96,7 +106,7 @@ def _saving(output_dir: Path) -> bool:
     return any(output_dir.glob(".checkpoint-*.tmp"))
 
 
-def wait_for_moment(target: str, job, vllm, output_dir: Path, metrics: Path, limit_s: float) -> float | None:
+def wait_for_moment(target: str, system, vllm, output_dir: Path, metrics: Path, limit_s: float) -> float | None:
     """For trainer@sync / trainer@save: once the trainer has logged a step (on a cold machine
     the first one can come a minute after the services serve), poll (2 ms) until vLLM is paused
     or the trainer's sync request is open / a checkpoint is being written. Returns the seconds
@@ -104,7 +114,7 @@ def wait_for_moment(target: str, job, vllm, output_dir: Path, metrics: Path, lim
     happens anyway)."""
     if target == "trainer@sync":
         def seen() -> bool:
-            trainer = _process("trainer", job, vllm)
+            trainer = _process("trainer", system, vllm)
             return (trainer is not None and _in_vllm_call(trainer.pid, vllm.port)) or _paused(vllm.base_url)
     elif target == "trainer@save":
         seen = lambda: _saving(output_dir)  # noqa: E731
@@ -121,15 +131,60 @@ def wait_for_moment(target: str, job, vllm, output_dir: Path, metrics: Path, lim
     return None
 
 
-def _process(name: str, job, vllm):
-    return vllm.proc if name == "vllm" else job.services[name].process.proc
+def _process(name: str, system, vllm):
+    return vllm.proc if name == "vllm" else system.process(name)
 
 
-def kill(target: str, job, vllm, wait_s: float = 120.0) -> bool:
+class LauncherSystem:
+    """The services under `agrpo run`'s supervisor (the job's run id in their environment)."""
+
+    def __init__(self, job) -> None:
+        self.job = job
+
+    def process(self, name: str):
+        return self.job.services[name].process.proc
+
+    def supervise(self, errors: list) -> None:
+        """The launcher's watch loop: restarts what dies, raises on give-up."""
+        def watch() -> None:
+            try:
+                self.job.watch(None)
+            except BaseException as exc:  # noqa: BLE001 - reported by run()
+                errors.append(exc)
+        threading.Thread(target=watch, daemon=True).start()
+
+    def stop(self) -> None:
+        self.job.stop()
+
+
+class PlainSystem:
+    """The services under a plain supervisor: the same command line again after every exit."""
+
+    def __init__(self, config: Path, logs: Path) -> None:
+        from plain_supervisor import PlainSupervisor
+        from services.launcher.processes import agrpo_argv
+
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+               "HF_DATASETS_OFFLINE": "1", "AGRPO_LOG_FORMAT": "json"}
+        env.pop("AGRPO_RUN_ID", None)
+        self.supervisor = PlainSupervisor({name: agrpo_argv(name, config) for name in ("reward", "trainer", "rollout")},
+                                          env, logs).start()
+
+    def process(self, name: str):
+        return self.supervisor.process(name)
+
+    def supervise(self, errors: list) -> None:
+        """Its own thread restarts what dies."""
+
+    def stop(self) -> None:
+        self.supervisor.stop(("trainer", "rollout", "reward"))
+
+
+def kill(target: str, system, vllm, wait_s: float = 120.0) -> bool:
     """SIGKILL the target's process group once it runs (it may still be restarting from
     the last kill); vLLM is started again here (the supervisor restarts the others)."""
     name, deadline = target.split("@")[0], time.monotonic() + wait_s
-    while (proc := _process(name, job, vllm)) is None or proc.poll() is not None:
+    while (proc := _process(name, system, vllm)) is None or proc.poll() is not None:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
@@ -170,32 +225,39 @@ def recovery(target: str, cfg, vllm, metrics: Path, limit_s: float) -> tuple[flo
     return back_s, step_s
 
 
+def start(a):
+    """vLLM, the config and the services under the chosen supervisor."""
+    from services.demo.runner import DemoOptions, start_job, start_vllm_and_config
+
+    overrides = {"save_steps": a.save_steps, "launcher": {"max_restarts": 10_000, "restart_window_s": 30.0}}
+    if a.supervisor == "launcher":
+        overrides["run_id"] = f"chaos-{a.seed}"
+    opts = DemoOptions(steps=100_000, out=a.out, max_staleness=a.max_staleness, num_prompts=a.num_prompts,
+                       timeout_s=0, overrides=overrides)
+    if a.supervisor == "launcher":
+        vllm, job, cfg = start_job(opts, {})
+        return vllm, LauncherSystem(job), cfg
+    vllm, config, cfg = start_vllm_and_config(opts, {})
+    return vllm, PlainSystem(config, a.out / "logs"), cfg
+
+
 def run(a) -> int:
-    from services.demo.runner import DemoOptions, start_job
-    from services.trainer.audit import verify
+    from services.trainer import checkpoint, run_record
+    from services.trainer.audit import agrees_with_checkpoint, verify
 
     rng = random.Random(a.seed)
-    opts = DemoOptions(steps=100_000, out=a.out, max_staleness=a.max_staleness, num_prompts=a.num_prompts,
-                       timeout_s=0, overrides={
-                           "save_steps": a.save_steps, "run_id": f"chaos-{a.seed}",
-                           "launcher": {"max_restarts": 10_000, "restart_window_s": 30.0}})
-    vllm, job, cfg = start_job(opts, {})
+    vllm, system, cfg = start(a)
     metrics, output_dir = a.out / "metrics.jsonl", Path(cfg.resolved_output_dir)
     errors: list[BaseException] = []
-
-    def supervise() -> None:  # the launcher's watch loop: restarts what dies, raises on give-up
-        try:
-            job.watch(None)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-    threading.Thread(target=supervise, daemon=True).start()
-    rows, failed = [], False
+    system.supervise(errors)
+    rows, failed, first_run_id = [], False, None
     try:
         for n, target in enumerate(plan(a.kills, rng), 1):
             time.sleep(rng.uniform(a.min_s, a.max_s))
-            waited_s = wait_for_moment(target, job, vllm, output_dir, metrics, limit_s=120)
+            waited_s = wait_for_moment(target, system, vllm, output_dir, metrics, limit_s=120)
             step = last_step(metrics)
-            killed = kill(target, job, vllm)
+            first_run_id = first_run_id or getattr(run_record.read(output_dir), "run_id", None)
+            killed = kill(target, system, vllm)
             back_s, step_s = recovery(target, cfg, vllm, metrics, a.recover_s)
             rows.append({"kill": n, "target": target, "killed": killed, "at_moment": waited_s is not None,
                          "moment_wait_s": _round(waited_s), "step": step,
@@ -209,18 +271,36 @@ def run(a) -> int:
         while not failed and last_step(metrics) < goal:
             time.sleep(0.5)
     finally:
-        job.stop()
+        system.stop()
         vllm.stop()
     verdict = verify(output_dir / "trained_samples.jsonl", cfg.max_staleness, a.num_prompts)
-    report(rows, verdict, a.out)
+    newest = checkpoint.latest(output_dir)
+    if newest is not None:
+        verdict.problems += agrees_with_checkpoint(output_dir / "trained_samples.jsonl", newest)
+    verdict.problems += one_run(output_dir, first_run_id)
+    report(rows, verdict, a.out, newest)
     return 0 if verdict.ok and not failed else 1
+
+
+def one_run(output_dir: Path, run_id: str | None) -> list[str]:
+    """Every restart continued the run: none was moved aside, and run.json names the same run."""
+    from services.trainer import run_record
+
+    problems = []
+    if (output_dir / run_record.PREVIOUS).exists():
+        moved = sorted(p.name for p in (output_dir / run_record.PREVIOUS).iterdir())
+        problems.append(f"a restart started a new run: {moved} moved to {run_record.PREVIOUS}/")
+    now = getattr(run_record.read(output_dir), "run_id", None)
+    if run_id and now != run_id:
+        problems.append(f"run.json names run {now}, not {run_id}")
+    return problems
 
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
 
 
-def report(rows: list[dict], verdict, out: Path) -> None:
+def report(rows: list[dict], verdict, out: Path, checkpoint_dir: Path | None) -> None:
     by_target = {t: sum(r["target"] == t for r in rows) for t in (*SERVICES, "trainer@sync", "trainer@save")}
     print("\nkill | target | at the moment | last step | serving again after (s) | next step after (s)")
     for r in rows:
@@ -232,7 +312,10 @@ def report(rows: list[dict], verdict, out: Path) -> None:
             summary[t] = {"kills": len(times), "median_s": round(statistics.median(times), 1), "max_s": max(times)}
             print(f"{t}: {len(times)} kills, next step after median {summary[t]['median_s']} s, max {max(times)} s")
     print("audit:", verdict.line())
+    if checkpoint_dir is not None and verdict.ok:
+        print(f"the audit log agrees with {checkpoint_dir.name}'s ledger; one run throughout")
     (out / "chaos.json").write_text(json.dumps({"kills": rows, "recovery": summary, "audit": verdict.line(),
+                                                "checkpoint": checkpoint_dir.name if checkpoint_dir else None,
                                                 "ok": verdict.ok}, indent=2))
 
 
@@ -249,6 +332,9 @@ def main() -> int:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench_output/chaos"))
+    p.add_argument("--supervisor", choices=("launcher", "plain"), default="launcher",
+                   help="launcher: agrpo run's (a run id per job); plain: the same command line again, "
+                        "with a config that has no run_id (as systemd or compose restart it)")
     a = p.parse_args()
     if a.short:
         a.kills, a.min_s, a.max_s = 6, 4.0, 10.0

@@ -89,7 +89,7 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
 healthy() { [[ "$(docker inspect -f '{{.State.Health.Status}}' "$PROJECT-$1-1" 2>/dev/null)" == healthy ]]; }
 all_healthy() { healthy reward && healthy trainer && healthy rollout; }
 stepped_past() { local s; s="$(last_step)"; [[ -n "$s" ]] && (( s >= $1 )); }
-resumed() { compose logs --no-log-prefix trainer 2>/dev/null | grep -q "restart of run [^ ]*checkpoint-"; }
+resumed() { compose logs --no-log-prefix trainer 2>/dev/null | grep -q "continuing run [^ ]* from [^ ]*checkpoint-"; }
 
 kill_and_resume() {  # kill_and_resume HOW: the trainer comes back, resumes, trains on
   local how=$1 before restarts
@@ -130,7 +130,7 @@ main() {
   resumed || die "the trainer did not resume its checkpoint after the restart"
   wait_for 600 "trainer at step $(( $(last_step) + STEPS ))" stepped_past $(( $(last_step) + STEPS ))
   kill_and_resume container
-  compose logs --no-log-prefix trainer | grep -o "restart of run [^\"]*" | tail -2
+  compose logs --no-log-prefix trainer | grep -o "continuing run [^\"]*" | tail -2
   local verdict; verdict="$(compose exec -T trainer agrpo audit /var/lib/agrpo/output 2>&1 | tail -1)"
   say "audit in the trainer container: $verdict"
   [[ $verdict == *"exactly once: OK"* ]] || die "the audit failed"

@@ -29,6 +29,30 @@ An unknown key or an invalid value stops the service at start with a message nam
 """
 
 
+RESUMING = """## Resuming: which start continues a run
+
+The trainer decides when it starts, from `run.json` in `output_dir` (the run's id and whether
+it finished) and two keys. An interrupted run continues; only a deliberate new run starts
+fresh. A new run moves the previous one to `output_dir/previous/<run id>/` (nothing is deleted).
+
+| who starts the trainer | `output_dir` holds | set | what happens |
+|---|---|---|---|
+| anyone | nothing | nothing | a new run |
+| a supervisor (systemd, compose, Kubernetes) starting the same command again | a run that did not finish (crash, kill, lost node) | nothing | **continues it** from its latest checkpoint |
+| `agrpo run`'s supervisor restarting a service | its own run | the job's `run_id` | continues it |
+| a person: `agrpo run` or the Python API again | any run | a new `run_id` per invocation | a new run (TRL's `resume_from_checkpoint: None`) |
+| anyone | a finished run | nothing | a new run |
+| anyone | a run with another `run_id` | `run_id` | a new run |
+| anyone | any run | `resume_from_checkpoint: false` | a new run |
+| anyone | any run | `resume_from_checkpoint: true` | continues from its latest checkpoint |
+| anyone | anything | `resume_from_checkpoint: PATH` | continues from that checkpoint |
+
+A run that continues keeps its run id, publishes policy versions above every version it ever
+published, and moves the audit and metrics records of steps after its checkpoint to
+`*.rolled_back.jsonl`; rollout re-issues what the checkpoint had not trained.
+"""
+
+
 def _default(field) -> str:
     if field.default_factory is not None:
         value = field.default_factory()
@@ -49,7 +73,7 @@ def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 def render() -> str:
     """The whole reference as Markdown."""
-    parts = [HEADER, "## Shared keys (AsyncGRPOConfig names and defaults)\n",
+    parts = [HEADER, RESUMING, "## Shared keys (AsyncGRPOConfig names and defaults)\n",
              "| key | default | meaning |", "|---|---|---|", *_rows(AgrpoConfig)]
     for name, field in AgrpoConfig.model_fields.items():
         ann = field.annotation

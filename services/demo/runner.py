@@ -164,10 +164,9 @@ def start_vllm(opts: DemoOptions, model_dir: Path, log_path: Path) -> VLLMServer
                       startup_timeout=opts.gpu.vllm_startup_s).start()
 
 
-def start_job(opts: DemoOptions, info: dict) -> tuple[VLLMServer, Job, object]:
-    """vLLM, the config and the started job of a demo (run() follows it to the end;
-    benchmarks/chaos.py kills its parts); `info` gets what the summary reports. On a failure
-    everything started is stopped."""
+def start_vllm_and_config(opts: DemoOptions, info: dict) -> tuple[VLLMServer, Path, object]:
+    """A fresh output folder, the model, the prompts, a healthy vLLM and the one config file
+    (its path and the loaded config); `info` gets what the summary reports."""
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "metrics.jsonl").unlink(missing_ok=True)
     (opts.out / "summary.json").unlink(missing_ok=True)
@@ -178,12 +177,22 @@ def start_job(opts: DemoOptions, info: dict) -> tuple[VLLMServer, Job, object]:
     data = _write_prompts(opts)
     info.update(mode="gpu" if opts.gpu else "cpu", model=str(model_dir))
     vllm = start_vllm(opts, model_dir, opts.out / "logs" / "vllm.log")
-    job = None
     try:
         info["vllm_startup_s"] = round(vllm.startup_s, 1)
         print(f"[demo] vLLM healthy after {vllm.startup_s:.0f} s", flush=True)
         config = write_config(opts, model_dir, data, vllm.base_url)
-        cfg = _load(config)
+        return vllm, config, _load(config)
+    except BaseException:
+        vllm.stop()
+        raise
+
+
+def start_job(opts: DemoOptions, info: dict) -> tuple[VLLMServer, Job, object]:
+    """vLLM, the config and the started job of a demo (run() follows it to the end;
+    benchmarks/chaos.py kills its parts). On a failure everything started is stopped."""
+    vllm, config, cfg = start_vllm_and_config(opts, info)
+    job = None
+    try:
         info["weight_transport"], info["weight_load"] = cfg.trainer.weight_transport, cfg.trainer.weight_load
         env = {svc: _service_env(opts, svc) for svc in ("reward", "trainer", "rollout")}
         job = Job(cfg, JobOptions(config, cpus=opts.cpus, env=env, timeout_s=opts.timeout_s))

@@ -75,5 +75,5 @@ def build_samples(group, prompt, rows: list[Row], scored: ScoredGroup, texts: li
             reward_errors=scored.errors[i] if scored.errors else {},
             prompt_text=prompt.prompt_text if send_text else "",
             completion_text=texts[i] if send_text else "", created_at=now_timestamp(),
-            producer_id=producer_id))
+            producer_id=producer_id, group_size=len(rows)))
     return out

@@ -67,10 +67,12 @@ class TrainerApp:
         audit = Path(self.cfg.resolved_output_dir) / "trained_samples.jsonl"
         if self.resumed_from is not None or restart:
             moved = run_record.rewind(audit, state.step) + run_record.rewind(self.metrics_file, state.step)
-            log.info("%s %s: step %d, version %d, %d prompts trained%s",
-                     "restart of run" if restart else "resuming", self.resumed_from or "from scratch",
-                     state.step, state.version, state.ledger.prompts_trained,
-                     f"; {moved} records of later steps moved to *.rolled_back.jsonl" if moved else "")
+            head = f"continuing run {self.record.run_id} from" if restart else "resuming"
+            (log.warning if restart else log.info)(
+                "%s %s: step %d, version %d, %d prompts trained%s%s", head,
+                self.resumed_from or "scratch", state.step, state.version, state.ledger.prompts_trained,
+                f"; {moved} records of later steps moved to *.rolled_back.jsonl" if moved else "",
+                " (resume_from_checkpoint: false starts a new run instead)" if restart else "")
         return state
 
     def _version_problem(self, sample) -> str | None:

@@ -1,10 +1,12 @@
 """An append-only record of every trained sample: the exactly-once audit trail.
 
-One JSON line per sample (step, trainer version, sample and group ids, prompt key,
-policy version and its per-token spans, staleness), flushed each step; a resume moves the
-records past its checkpoint aside (run_record.rewind), so the file is the effective
-history. `verify` (and `agrpo audit OUTPUT_DIR`) proves from it alone that every prompt of
-every epoch was trained once, no sample twice, and nothing past max_staleness.
+One JSON line per sample (step, trainer version, sample and group ids, the group's size,
+prompt key, policy version and its per-token spans, staleness), flushed each step; a resume
+moves the records past its checkpoint aside (run_record.rewind), so the file is the
+effective history. `verify` (and `agrpo audit OUTPUT_DIR`) proves from it alone that every
+prompt of every epoch was trained once, by one whole group, no sample twice, and nothing
+past max_staleness; `agrees_with_checkpoint` that the latest checkpoint's ledger is the
+history up to its step.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class TrainedSampleLog:
         unless a resume renumbered versions)."""
         lines = [json.dumps({
             "step": step, "trainer_version": version, "sample_id": s.sample_id,
-            "group_id": s.group_id, "prompt_key": list(s.prompt_key),
+            "group_id": s.group_id, "group_size": s.group_size, "prompt_key": list(s.prompt_key),
             "policy_version": s.policy_version, "staleness": d,
             "version_spans": [list(span) for span in s.version_spans],
             "completion_tokens": s.completion_length,
@@ -67,6 +69,7 @@ def verify(path: Path, max_staleness: int | None = None, prompts_per_epoch: int 
     epoch before the last complete."""
     v = Verdict()
     groups: dict[tuple, set[str]] = {}
+    rows: dict[str, list[int]] = {}  # group id -> [rows trained, the group's size]
     ids: set[str] = set()
     last_step = 0
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -74,6 +77,8 @@ def verify(path: Path, max_staleness: int | None = None, prompts_per_epoch: int 
         v.samples += 1
         key = tuple(rec["prompt_key"])
         groups.setdefault(key, set()).add(rec["group_id"])
+        counted = rows.setdefault(rec["group_id"], [0, int(rec.get("group_size", 0))])
+        counted[0] += 1
         if rec["sample_id"] in ids:
             v.problems.append(f"sample {rec['sample_id']} trained twice (line {n})")
         ids.add(rec["sample_id"])
@@ -88,6 +93,9 @@ def verify(path: Path, max_staleness: int | None = None, prompts_per_epoch: int 
     for key, gs in sorted(groups.items()):
         if len(gs) > 1:
             v.problems.append(f"prompt key {list(key)} trained by {len(gs)} groups")
+    for group_id, (trained, size) in rows.items():
+        if size and trained != size:
+            v.problems.append(f"group {group_id}: {trained} of its {size} rows trained")
     if prompts_per_epoch:
         epochs = max((k[1] for k in groups), default=-1)
         for e in range(epochs):
@@ -95,6 +103,33 @@ def verify(path: Path, max_staleness: int | None = None, prompts_per_epoch: int 
             if missing:
                 v.problems.append(f"epoch {e}: {missing} of {prompts_per_epoch} prompts never trained")
     return v
+
+
+def agrees_with_checkpoint(path: Path, checkpoint_dir: Path) -> list[str]:
+    """Where the audit log and a checkpoint's ledger disagree (empty: they agree): the ledger
+    must hold exactly the sample ids the log records up to the checkpoint's step, and every
+    prompt key of an unfinished epoch the log trained by then."""
+    from .checkpoint import read_state
+
+    state = read_state(checkpoint_dir)
+    logged_ids: set[str] = set()
+    logged_keys: set[tuple[int, int]] = set()
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec["step"] <= state.step:
+            logged_ids.add(rec["sample_id"])
+            logged_keys.add(tuple(rec["prompt_key"]))
+    ledger = state.ledger
+    problems = []
+    if ledger.trained_ids != logged_ids:
+        problems.append(f"{checkpoint_dir.name}: {len(ledger.trained_ids - logged_ids)} sample ids of its ledger "
+                        f"are not in the audit log up to step {state.step}, "
+                        f"{len(logged_ids - ledger.trained_ids)} logged ones not in the ledger")
+    missing = ledger.trained_keys - logged_keys
+    if missing:
+        problems.append(f"{checkpoint_dir.name}: {len(missing)} prompt keys of its ledger never appear "
+                        f"in the audit log (e.g. {sorted(missing)[0]})")
+    return problems
 
 
 def main(argv: list[str]) -> int:
@@ -118,5 +153,10 @@ def main(argv: list[str]) -> int:
         except (OSError, ValueError):
             bound = None
     verdict = verify(log, bound, a.prompts)
-    print(verdict.line())
+    from .checkpoint import latest
+
+    newest = latest(a.output_dir)
+    if newest is not None:
+        verdict.problems += agrees_with_checkpoint(log, newest)
+    print(verdict.line() + (f"; agrees with {newest.name}" if newest is not None and verdict.ok else ""))
     return 0 if verdict.ok else 1

@@ -27,6 +27,7 @@ from .sample import Ack, Outcome, Sample
 
 ALREADY_PENDING = "already buffered; TRAINED follows"
 OTHER_GROUP = "prompt already trained by another group (exactly once per epoch)"
+DOOMED_GROUP = "a row of its group cannot be trained: the group is dropped whole and its prompt re-issued"
 
 
 @dataclass
@@ -93,8 +94,12 @@ class Intake:
         return stream
 
     def close(self, stream: ProducerStream) -> None:
+        """The stream ended: its producer's incomplete groups are forgotten without an answer
+        (a producer that reconnects sends them again whole; one that died never will)."""
         if self.streams.get(stream.producer_id) is stream:
             del self.streams[stream.producer_id]
+            for s in self.buffer.discard_incomplete(stream.producer_id):
+                self.pending.discard(s.sample_id)
         self.regrant()
 
     def _free(self) -> int:
@@ -121,9 +126,11 @@ class Intake:
         if outcome is Outcome.ACCEPTED and not resend:
             if self.buffer.free <= 0:
                 outcome, reason = Outcome.REJECTED, "buffer full: sent without credit"
-            else:
-                self.buffer.put(sample)
+            elif self.buffer.put(sample):
                 self.pending.add(sample.sample_id)
+            else:
+                outcome, reason = Outcome.DROPPED_STALE, DOOMED_GROUP
+        self._keep_groups_whole(sample, outcome)
         ack = Ack(sample.sample_id, outcome, tuple(sample.prompt_key), reason)
         credits = 0
         if outcome is not Outcome.ACCEPTED or resend:
@@ -135,6 +142,17 @@ class Intake:
             stream.outstanding += credits
         stream.send(Outbound(acks=[ack], credits=credits))
         return outcome
+
+    def _keep_groups_whole(self, sample: Sample, outcome: Outcome) -> None:
+        """A malformed row leaves its group (the rest trains without it); a row off the
+        lineage dooms its group, whose rows held so far are dropped with it."""
+        if outcome is Outcome.REJECTED:
+            self.buffer.expect_fewer(sample)
+        elif outcome is Outcome.DROPPED_STALE:
+            mates = self.buffer.doom(sample.group_id)
+            if mates:
+                self.stats.drops["off_lineage"] += len(mates)
+                self.settle(mates, Outcome.DROPPED_STALE, DOOMED_GROUP)
 
     def _judge(self, sample: Sample) -> tuple[Outcome, str]:
         # Malformed first: a broken copy of a known id is refused, not taken for a re-send.

@@ -188,11 +188,16 @@ class TrainerLoop:
         await self.syncer.prepare_now(version, partial(self._prepare_payload, version))
         self.state.version, self.state.version_step = version, self.state.step
         # Samples waiting in open rows were fresh when popped; a new version can make
-        # them stale before their micro-batch closes. Never train past max_staleness.
-        late = self.batcher.evict(self.is_stale)
+        # them stale before their micro-batch closes. Never train past max_staleness; a group
+        # leaves whole (none of an open group was trained: pull_batch keeps groups in one step).
+        late_groups = {s.group_id for s in self.batcher.open_samples if self.is_stale(s)}
+        late = self.batcher.evict(lambda s: s.group_id in late_groups)
         if late:
             self.ledger.release(late)
             self._drop_stale(late)
+        waited_out = self.buffer.evict_incomplete(self.is_group_stale)
+        if waited_out:
+            self._drop_stale(waited_out)
         self.intake.version_moved(self.trained_at_version, self.batcher.num_samples)
         self.trained_at_version = 0
         push = self._push(version, self.state.step)
@@ -271,6 +276,7 @@ class TrainerLoop:
         log.info("training done at step %d (%d prompts trained)", self.state.step, self.ledger.prompts_trained)
         if self.cfg.save_strategy in ("steps", "epoch") and self.state.step > self._saved_step:
             await self.save()
+        self.record.finish()
         self.intake.finish()
 
     async def pull_batch(self) -> StepInput | None:
@@ -281,7 +287,7 @@ class TrainerLoop:
         while not self._step_full(out):
             if self._stop.is_set():
                 return None
-            if self._take_one(out):
+            if self._take_group(out):
                 continue
             t = time.monotonic()
             open_samples = self.batcher.num_samples
@@ -301,41 +307,52 @@ class TrainerLoop:
             if time.monotonic() - last_check > self.cfg.trainer.reconcile_interval_s:
                 await self.reconcile()
                 last_check = time.monotonic()
-        if self.pace.sync:  # the step trains exactly the samples generated for it
+        if self.pace.sync or self._splits_a_group(out):
+            # Sync: the step trains exactly the samples generated for it. Async: a group larger
+            # than a micro-batch left its tail open; it trains in this step too.
             last = self.batcher.flush()
             if last is not None:
                 out.batches.append(last)
         return out
 
+    def _splits_a_group(self, out: StepInput) -> bool:
+        in_step = {s.group_id for mb in out.batches for s in mb.samples}
+        return any(s.group_id in in_step for s in self.batcher.open_samples)
+
     def is_stale(self, sample: Sample) -> bool:
         """Past max_staleness at the trainer's version, or off its lineage (versions.py)."""
         return self.state.lineage.stale(self.state.version, sample.policy_version, self.cfg.max_staleness)
+
+    def is_group_stale(self, group: list[Sample]) -> bool:
+        """A group is as stale as its stalest row: it trains whole or not at all."""
+        return any(self.is_stale(s) for s in group)
 
     def _step_full(self, out: StepInput) -> bool:
         if self.pace.sync:
             return self.pace.step_complete()
         return len(out.batches) >= self.cfg.gradient_accumulation_steps
 
-    def _take_one(self, out: StepInput) -> bool:
-        """Move the next fresh sample into a micro-batch; False when the buffer is empty."""
-        sample, stale = self.buffer.pop_fresh(self.is_stale)
+    def _take_group(self, out: StepInput) -> bool:
+        """Move the next fresh complete group into the micro-batches; False when none is buffered."""
+        group, stale = self.buffer.pop_fresh(self.is_group_stale)
         if stale:
             self._drop_stale(stale)
             out.stale += stale
-        if sample is None:
+        if group is None:
             return False
-        if not self.ledger.claim(sample):
-            self._drop_other_group(sample)
+        if not self.ledger.claim(group[0]):
+            self._drop_other_group(group)
             return True
-        self.pace.consume()
-        self.metrics.staleness.observe(self.state.staleness(sample.policy_version))
-        out.batches += self.batcher.add(sample)
+        self.pace.consume(len(group))
+        for sample in group:
+            self.metrics.staleness.observe(self.state.staleness(sample.policy_version))
+        out.batches += self.batcher.add_group(group)
         return True
 
-    def _drop_other_group(self, sample: Sample) -> None:
+    def _drop_other_group(self, group: list[Sample]) -> None:
         """A re-issued prompt whose first group is already (being) trained: refuse it."""
-        self._count_drop("duplicate_prompt")
-        self.intake.settle([sample], Outcome.DUPLICATE, OTHER_GROUP)
+        self._count_drop("duplicate_prompt", len(group))
+        self.intake.settle(group, Outcome.DUPLICATE, OTHER_GROUP)
         self.intake.regrant()
 
     def _drop_stale(self, stale: list[Sample]) -> None:

@@ -226,8 +226,27 @@ class TokenBudgetBatcher:
     def num_samples(self) -> int:
         return sum(len(r.samples) for r in self.rows)
 
+    @property
+    def open_samples(self) -> list[Sample]:
+        return [s for r in self.rows for s in r.samples]
+
     def add(self, sample: Sample) -> list[MicroBatch]:
         """Place one sample; return the micro-batches this closed (zero or one)."""
+        out = self._put(sample)
+        return out + self._close_if_at_max()
+
+    def add_group(self, group: list[Sample]) -> list[MicroBatch]:
+        """Place a whole group: into the open micro-batch when it fits there, else into the
+        next one (the open one closes first). Only a group larger than a micro-batch spans
+        several; the loop then keeps its tail in the same step."""
+        out = []
+        if self.num_samples and self._all_rows_used() and not self._room_for(group):
+            out.append(self._close())
+        for sample in group:
+            out += self._put(sample)
+        return out + self._close_if_at_max()
+
+    def _put(self, sample: Sample) -> list[MicroBatch]:
         if len(sample) > self.budget or sample.num_terms > self.budget:
             self.on_drop(sample, f"oversize: {len(sample)} tokens > token_budget {self.budget}")
             return []
@@ -237,9 +256,25 @@ class TokenBudgetBatcher:
             out.append(self._close())
             row = self._place(sample)
         self.rows[row].add(sample)
-        if self.max_samples and self.num_samples >= self.max_samples and self._all_rows_used():
-            out.append(self._close())
         return out
+
+    def _close_if_at_max(self) -> list[MicroBatch]:
+        if self.max_samples and self.num_samples >= self.max_samples and self._all_rows_used():
+            return [self._close()]
+        return []
+
+    def _room_for(self, group: list[Sample]) -> bool:
+        """The open rows have room for the whole group: its unique tokens (less a prefix a row
+        already holds, such as a shared system prompt) and its loss terms."""
+        if self.max_samples and self.num_samples + len(group) > self.max_samples:
+            return False
+        probe = TreeRow()
+        for sample in group:
+            probe.add(sample)
+        shared = min(max(r.shared_prefix(group[0]) for r in self.rows), group[0].prompt_length)
+        free_tokens = sum(self.budget - len(r) for r in self.rows)
+        free_terms = sum(self.budget - r.trained for r in self.rows)
+        return len(probe) - shared <= free_tokens and probe.trained <= free_terms
 
     def _place(self, sample: Sample) -> int | None:
         fitting = [i for i, r in enumerate(self.rows) if r.fits(sample, self.budget)]
@@ -328,6 +363,17 @@ class FixedCountBatcher:
     @property
     def num_samples(self) -> int:
         return len(self.pending)
+
+    @property
+    def open_samples(self) -> list[Sample]:
+        return list(self.pending)
+
+    def add_group(self, group: list[Sample]) -> list[MicroBatch]:
+        """Add a whole group; a micro-batch closes at the first group boundary at or past bs x P."""
+        self.pending += group
+        if len(self.pending) < self.batch_size * self.num_rows:
+            return []
+        return [self._close()]
 
     def evict(self, predicate: Callable[[Sample], bool]) -> list[Sample]:
         """Remove pending samples matching `predicate`."""

@@ -1,14 +1,18 @@
 """The output folder as the record of one run: its id, the highest version ever published,
 and what a fresh start or a resume does to what an earlier trainer left there.
 
-- `run.json` holds the run id and the version high-water mark. A version is reserved here
-  before its weights are pushed, so no number can reach vLLM without being recorded: a
-  resumed trainer publishes above it and never reuses a number for other weights.
-- Which checkpoint to resume (TRL's rule, plus restarts): a trainer started with the run id
-  recorded here is a restart of that run and resumes its latest checkpoint by itself;
-  otherwise `resume_from_checkpoint` decides: true the latest, a path that one, unset or
-  false a fresh run, and the previous run's files move to `previous/<run id>/` (nothing is
-  deleted).
+- `run.json` holds the run id, the version high-water mark and whether the run finished. A
+  version is reserved here before its weights are pushed, so no number can reach vLLM without
+  being recorded: a resumed trainer publishes above it and never reuses a number for other
+  weights.
+- Which checkpoint to resume: an interrupted run continues, only a deliberate new run starts
+  fresh (the table in docs/config.md, "Resuming"). `resume_from_checkpoint` true resumes the
+  latest checkpoint, a path that one, and false (stated) starts a new run. Unset, a trainer
+  continues the run it finds when that run did not finish, or carries its own run id: a
+  supervisor that starts the same command again after a crash resumes it, with or without a
+  `run_id`. A finished run, or another run id, starts a new run (as `agrpo run` does on every
+  invocation, TRL's rule for a person running a script again); the previous run's files move
+  to `previous/<run id>/` (nothing is deleted).
 - On resume from step N, records of later steps in the audit log and the metrics file are
   moved to `<name>.rolled_back.jsonl`, so the main files hold each step once.
 """
@@ -42,6 +46,8 @@ class RunRecord:
     max_version: int = 0
     max_staleness: int | None = None
     """The bound the run trains under (for `agrpo audit`)."""
+    finished: bool = False
+    """Training reached its end (max_steps or the epochs): a plain restart starts a new run."""
 
     def reserve(self, version: int) -> None:
         """Record `version` before its weights leave the trainer (atomic write)."""
@@ -50,9 +56,14 @@ class RunRecord:
         self.max_version = version
         _write(self)
 
+    def finish(self) -> None:
+        """Record that training reached its end (after its last checkpoint)."""
+        self.finished = True
+        _write(self)
+
     def to_json(self) -> str:
         return json.dumps({"run_id": self.run_id, "max_version": self.max_version,
-                           "max_staleness": self.max_staleness})
+                           "max_staleness": self.max_staleness, "finished": self.finished})
 
 
 def new_run_id() -> str:
@@ -65,7 +76,8 @@ def read(output_dir: Path) -> RunRecord | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return RunRecord(path, str(data.get("run_id", "")), int(data.get("max_version", 0)), data.get("max_staleness"))
+    return RunRecord(path, str(data.get("run_id", "")), int(data.get("max_version", 0)), data.get("max_staleness"),
+                     bool(data.get("finished", False)))
 
 
 @dataclass(frozen=True)
@@ -84,27 +96,48 @@ def plan(output_dir: Path, run_id: str | None, resume_from: bool | str | None,
     also moves an earlier metrics file (when it lives outside output_dir) to the archive."""
     output_dir.mkdir(parents=True, exist_ok=True)
     prev = read(output_dir)
-    restart = bool(run_id) and prev is not None and prev.run_id == run_id
-    if restart:
+    wanted = _resume_key(resume_from)
+    if wanted is None and continues(prev, run_id):
         prev.max_staleness = max_staleness
         _write(prev)
         return Start(checkpoint.latest(output_dir), prev, restart=True)
-    if resume_from is True or (isinstance(resume_from, str) and resume_from.lower() == "true"):
+    if wanted is True:
         ckpt = checkpoint.latest(output_dir)
         if ckpt is None:
             raise ResumeError(f"resume_from_checkpoint=true, but {output_dir} holds no checkpoint "
                               "(config key output_dir)")
         return Start(ckpt, _continued(output_dir, prev, run_id, max_staleness), restart=False)
-    if isinstance(resume_from, str) and resume_from and resume_from.lower() != "false":
-        ckpt = Path(resume_from)
-        if not (ckpt / checkpoint.STATE_FILE).exists():
-            raise ResumeError(f"resume_from_checkpoint={resume_from!r} is not a checkpoint folder "
+    if isinstance(wanted, Path):
+        if not (wanted / checkpoint.STATE_FILE).exists():
+            raise ResumeError(f"resume_from_checkpoint={str(resume_from)!r} is not a checkpoint folder "
                               f"(no {checkpoint.STATE_FILE})")
-        return Start(ckpt, _continued(output_dir, prev, run_id, max_staleness), restart=False)
+        return Start(wanted, _continued(output_dir, prev, run_id, max_staleness), restart=False)
     archived = archive_previous(output_dir, prev, metrics_file)
     record = RunRecord(output_dir / RUN_FILE, run_id or new_run_id(), max_staleness=max_staleness)
     _write(record)
     return Start(None, record, restart=False, archived=archived)
+
+
+def continues(prev: RunRecord | None, run_id: str | None) -> bool:
+    """With resume_from_checkpoint unset: does this trainer continue the run in output_dir?
+    Its own run id always does (a restart inside the run); no run id continues a run that did
+    not finish (a supervisor's restart after a crash); another run id never does."""
+    if prev is None:
+        return False
+    if run_id:
+        return prev.run_id == run_id
+    return not prev.finished
+
+
+def _resume_key(value: bool | str | None) -> bool | Path | None:
+    """resume_from_checkpoint as True (the latest), a checkpoint path, False (stated: a new
+    run) or None (unset)."""
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        return Path(value) if lowered else None
+    return value
 
 
 def _continued(output_dir: Path, prev: RunRecord | None, run_id: str | None,

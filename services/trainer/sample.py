@@ -49,9 +49,11 @@ class Sample:
     prompt_text: str = ""
     completion_text: str = ""
     version_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    """(policy_version, start, end) runs of generated tokens; audit trail only."""
     reward_errors: dict[str, str] = field(default_factory=dict)
     """Reward functions that failed on this sample -> their reason (from the reward service)."""
-    """(policy_version, start, end) runs of generated tokens; audit trail only."""
+    group_size: int = 0
+    """Rows of its group the producer sends (0: not given; the sample is then a group alone)."""
     sent_version: int | None = None
     """The producer's policy_version, when it differs from the oldest version of the spans
     (policy_version): never newer in a well-formed sample."""

@@ -41,7 +41,7 @@ def sample_from_proto(msg: common_pb2.RolloutSample) -> Sample:
         advantage=msg.advantage, reward=msg.reward, producer_id=msg.producer_id,
         prompt_length=msg.prompt_length, reward_components=dict(msg.reward_components),
         metrics=dict(msg.metrics), prompt_text=msg.prompt_text, completion_text=msg.completion_text,
-        reward_errors=dict(msg.reward_errors),
+        reward_errors=dict(msg.reward_errors), group_size=msg.group_size,
         sent_version=msg.policy_version if msg.policy_version != oldest else None)
 
 

@@ -53,7 +53,7 @@ class VersionSpan(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class RolloutSample(_message.Message):
-    __slots__ = ("sample_id", "group_id", "prompt_key", "policy_version", "version_spans", "input_ids", "completion_mask", "behavior_logprobs", "prompt_length", "advantage", "reward", "reward_components", "metrics", "generation_index", "row_index", "prompt_text", "completion_text", "created_at", "producer_id", "reward_errors")
+    __slots__ = ("sample_id", "group_id", "prompt_key", "policy_version", "version_spans", "input_ids", "completion_mask", "behavior_logprobs", "prompt_length", "advantage", "reward", "reward_components", "metrics", "generation_index", "row_index", "prompt_text", "completion_text", "created_at", "producer_id", "reward_errors", "group_size")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class RolloutSample(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     REWARD_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     sample_id: str
     group_id: str
     prompt_key: PromptKey
@@ -115,7 +116,8 @@ class RolloutSample(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     producer_id: str
     reward_errors: _containers.ScalarMap[str, str]
-    def __init__(self, sample_id: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_key: _Optional[_Union[PromptKey, _Mapping]] = ..., policy_version: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., input_ids: _Optional[_Iterable[int]] = ..., completion_mask: _Optional[_Iterable[int]] = ..., behavior_logprobs: _Optional[_Iterable[float]] = ..., prompt_length: _Optional[int] = ..., advantage: _Optional[float] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., generation_index: _Optional[int] = ..., row_index: _Optional[int] = ..., prompt_text: _Optional[str] = ..., completion_text: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer_id: _Optional[str] = ..., reward_errors: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    group_size: int
+    def __init__(self, sample_id: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_key: _Optional[_Union[PromptKey, _Mapping]] = ..., policy_version: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., input_ids: _Optional[_Iterable[int]] = ..., completion_mask: _Optional[_Iterable[int]] = ..., behavior_logprobs: _Optional[_Iterable[float]] = ..., prompt_length: _Optional[int] = ..., advantage: _Optional[float] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., generation_index: _Optional[int] = ..., row_index: _Optional[int] = ..., prompt_text: _Optional[str] = ..., completion_text: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer_id: _Optional[str] = ..., reward_errors: _Optional[_Mapping[str, str]] = ..., group_size: _Optional[int] = ...) -> None: ...
 
 class PolicyVersion(_message.Message):
     __slots__ = ("version", "step", "weight_label", "transport", "weights_uri", "synced_servers", "published_at", "max_staleness", "lineage")

@@ -170,9 +170,11 @@ class GRPOArgs(BaseModel):
     save_only_model: bool = False
     """Checkpoint the model only (no optimizer): such a checkpoint cannot resume."""
     resume_from_checkpoint: bool | str | None = None
-    """TRL's rule: None/false trains from scratch (a previous run in output_dir is moved aside,
-    never deleted), true resumes the latest checkpoint in output_dir, a path resumes that
-    checkpoint. A trainer restarted inside the same run (same run_id) resumes regardless."""
+    """true resumes the latest checkpoint in output_dir, a path that checkpoint, false starts a
+    new run (the previous one in output_dir is moved aside, never deleted). Unset: an interrupted
+    run continues (a trainer started again on an output_dir whose run did not finish, or with
+    that run's run_id, resumes its latest checkpoint) and anything else starts a new run, as
+    TRL's None does (agrpo run and the Python API set a new run_id per invocation)."""
     ignore_data_skip: bool = False
     """Kept for TRL parity; rollout resumes from the trainer's ledger instead."""
 

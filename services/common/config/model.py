@@ -50,8 +50,9 @@ class AgrpoConfig(GRPOArgs):
     launcher: LauncherSection = Field(default_factory=LauncherSection)
     """What `agrpo run` starts and how."""
     run_id: str | None = None
-    """Identity of one run: a trainer that finds its own run id in output_dir resumes it (a
-    restart); agrpo run sets a new one per invocation (AGRPO_RUN_ID)."""
+    """Identity of one run: a trainer that finds its own run id in output_dir resumes it, even
+    a finished run; another id starts a new run. agrpo run sets a new one per invocation
+    (AGRPO_RUN_ID). Unset: the run in output_dir continues unless it finished."""
 
     @field_validator("reward_funcs", mode="before")
     @classmethod

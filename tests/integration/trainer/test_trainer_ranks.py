@@ -198,7 +198,7 @@ def test_losing_a_rank_stops_the_trainer_a_restart_resumes_and_one_rank_continue
     again = _start(path, tmp_path / "again.log")  # same run_id: resumes its latest checkpoint
     _feed_until_exit(again, port, samples)  # re-sent: the trained ones come back DUPLICATE
     assert again.returncode == 0, (tmp_path / "again.log").read_text()[-4000:]
-    assert "restart of run" in (tmp_path / "again.log").read_text()
+    assert "continuing run" in (tmp_path / "again.log").read_text()
     verdict = verify(tmp_path / "out" / "trained_samples.jsonl", max_staleness=4)
     assert verdict.ok and verdict.steps == 6, verdict.line()
     # The 2-rank run's checkpoint resumes on one rank (DCP reshards on load): two more steps.

@@ -133,6 +133,14 @@ def test_config_reference_is_up_to_date():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_the_readme_states_the_resume_rule_as_the_config_reference_does():
+    from gen_config_docs import RESUMING
+
+    root = Path(__file__).resolve().parents[3]
+    table = "\n".join(line for line in RESUMING.splitlines() if line.startswith("|"))
+    assert table.count("\n") > 5 and table in (root / "README.md").read_text()
+
+
 def test_environment_without_dataset_needs_max_steps():
     with pytest.raises(ConfigError, match="max_steps"):
         load_config(["--environment_factory", "m:Env"], {})

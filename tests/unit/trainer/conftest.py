@@ -10,15 +10,16 @@ from services.trainer.sample import Sample
 
 
 def _sample(sid: str, group: str, prompt: list[int], completion: list[int], *, key=(0, 0), version=0,
-            adv=0.5, old=-2.0) -> Sample:
+            adv=0.5, old=-2.0, size=0, producer="") -> Sample:
     ids = list(prompt) + list(completion)
     mask = [0] * len(prompt) + [1] * len(completion)
-    return Sample(sid, group, key, version, ids, mask, [old if m else 0.0 for m in mask], adv)
+    return Sample(sid, group, key, version, ids, mask, [old if m else 0.0 for m in mask], adv,
+                  group_size=size, producer_id=producer, prompt_length=len(prompt))
 
 
 @pytest.fixture
 def make_sample():
-    """make_sample(sid, group, prompt_ids, completion_ids, key=, version=, adv=, old=)."""
+    """make_sample(sid, group, prompt_ids, completion_ids, key=, version=, adv=, old=, size=, producer=)."""
     return _sample
 
 

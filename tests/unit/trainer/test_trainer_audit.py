@@ -2,15 +2,19 @@
 
 import json
 
-from services.trainer.audit import main, verify
+from services.trainer.audit import agrees_with_checkpoint, main, verify
+from services.trainer.checkpoint import STATE_FILE
+from services.trainer.ledger import Ledger
+from services.trainer.state import TrainState
 
 
 def _write(path, records):
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def _rec(step, sid, key, group, staleness=0):
-    return {"step": step, "sample_id": sid, "prompt_key": list(key), "group_id": group, "staleness": staleness}
+def _rec(step, sid, key, group, staleness=0, size=0):
+    return {"step": step, "sample_id": sid, "prompt_key": list(key), "group_id": group, "staleness": staleness,
+            "group_size": size}
 
 
 def test_a_clean_log_passes(tmp_path):
@@ -32,3 +36,32 @@ def test_each_violation_is_named(tmp_path):
     assert "sample a trained twice" in text and "step 1 after step 2" in text
     assert "staleness 3" in text and "trained by 2 groups" in text and "epoch 0: 1 of 2" in text
     assert main([str(tmp_path), "--max-staleness", "2"]) == 1
+
+
+def test_a_group_trained_without_all_its_rows_is_named(tmp_path):
+    log = tmp_path / "trained_samples.jsonl"
+    _write(log, [_rec(1, "a", (0, 0), "g0", size=2), _rec(2, "b", (0, 0), "g0", size=2),
+                 _rec(2, "c", (1, 0), "g1", size=3), _rec(2, "d", (1, 0), "g1", size=3)])
+    v = verify(log)
+    assert v.problems == ["group g1: 2 of its 3 rows trained"]
+
+
+def _checkpoint(out, step, ids, keys):
+    ledger = Ledger()
+    ledger.trained_ids, ledger.trained_keys = set(ids), set(keys)
+    d = out / f"checkpoint-{step}"
+    d.mkdir()
+    (d / STATE_FILE).write_text(json.dumps(TrainState(step=step, version=step + 1, ledger=ledger).to_dict()))
+    return d
+
+
+def test_the_audit_agrees_with_the_latest_checkpoint_ledger(tmp_path):
+    log = tmp_path / "trained_samples.jsonl"
+    _write(log, [_rec(1, "a", (0, 0), "g0"), _rec(2, "b", (1, 0), "g1"), _rec(3, "c", (2, 0), "g2")])
+    assert agrees_with_checkpoint(log, _checkpoint(tmp_path, 2, {"a", "b"}, {(0, 0), (1, 0)})) == []
+    assert main([str(tmp_path)]) == 0
+    wrong = _checkpoint(tmp_path, 3, {"a", "b", "x"}, {(0, 0), (1, 0), (7, 0)})
+    problems = " | ".join(agrees_with_checkpoint(log, wrong))
+    assert "1 sample ids of its ledger" in problems and "1 logged ones" in problems
+    assert "1 prompt keys of its ledger never appear" in problems
+    assert main([str(tmp_path)]) == 1

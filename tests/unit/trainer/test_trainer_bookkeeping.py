@@ -19,11 +19,49 @@ def test_staleness_rule(make_sample):
 
 async def test_buffer_pop_fresh_skips_stale(make_sample):
     buf = SampleBuffer(4)
-    buf.put(make_sample("old", "g", [1], [2], version=0))
-    buf.put(make_sample("new", "g", [1], [3], version=5))
-    fresh, stale = buf.pop_fresh(lambda s: is_stale(6, s.policy_version, max_staleness=2))
-    assert fresh.sample_id == "new" and [s.sample_id for s in stale] == ["old"]
+    buf.put(make_sample("old", "g0", [1], [2], version=0))
+    buf.put(make_sample("new", "g1", [1], [3], version=5))
+    fresh, stale = buf.pop_fresh(lambda g: is_stale(6, g[0].policy_version, max_staleness=2))
+    assert [s.sample_id for s in fresh] == ["new"] and [s.sample_id for s in stale] == ["old"]
     assert len(buf) == 0 and not await buf.wait_nonempty(0.01)
+
+
+async def test_buffer_holds_a_group_until_its_last_row(make_sample):
+    buf = SampleBuffer(8)
+    rows = [make_sample(f"g-{i}", "g", [1], [2 + i], version=3 - i, size=3) for i in range(3)]
+    for row in rows[:2]:
+        assert buf.put(row)
+    assert len(buf) == 2 and buf.gathering == 2 and buf.pop() is None
+    buf.put(rows[2])
+    assert await buf.wait_nonempty(0.01) and buf.gathering == 0
+    assert [s.sample_id for s in buf.pop()] == ["g-0", "g-1", "g-2"] and len(buf) == 0
+
+
+def test_buffer_orders_groups_by_their_oldest_row(make_sample):
+    buf = SampleBuffer(8)
+    for sid, group, version in (("a0", "a", 4), ("a1", "a", 4), ("b0", "b", 5), ("b1", "b", 2)):
+        buf.put(make_sample(sid, group, [1], [2], version=version, size=2))
+    assert [s.sample_id for s in buf.pop()] == ["b0", "b1"]
+
+
+def test_a_refused_row_leaves_its_group_and_an_off_lineage_row_dooms_it(make_sample):
+    buf = SampleBuffer(8)
+    buf.put(make_sample("a0", "a", [1], [2], size=2))
+    buf.expect_fewer(make_sample("a1", "a", [1], [2], size=2))
+    group = buf.pop()
+    assert [s.sample_id for s in group] == ["a0"] and group[0].group_size == 1  # trains with what it has
+    buf.put(make_sample("b0", "b", [1], [2], size=3))
+    assert [s.sample_id for s in buf.doom("b")] == ["b0"] and len(buf) == 0
+    assert not buf.put(make_sample("b1", "b", [1], [2], size=3)) and len(buf) == 0
+
+
+def test_incomplete_groups_leave_with_their_producer_or_when_stale(make_sample):
+    buf = SampleBuffer(8)
+    buf.put(make_sample("a0", "a", [1], [2], size=2, producer="p1", version=1))
+    buf.put(make_sample("b0", "b", [1], [2], size=2, producer="p2", version=5))
+    assert [s.sample_id for s in buf.discard_incomplete("p1")] == ["a0"] and len(buf) == 1
+    assert buf.evict_incomplete(lambda g: g[0].policy_version < 5) == []
+    assert [s.sample_id for s in buf.evict_incomplete(lambda g: True)] == ["b0"] and len(buf) == 0
 
 
 def test_ledger_epochs_count_distinct_prompts(make_sample):
@@ -113,3 +151,30 @@ async def test_duplicate_while_in_a_batch(make_sample):
     assert msg.credits == 1 and "TRAINED follows" in msg.acks[0].reason and len(buf) == 0
     intake.settle([s], Outcome.DROPPED_STALE)
     assert intake.receive(st, make_sample("a", "g", [1], [2])) is Outcome.ACCEPTED  # re-sent after a drop
+
+
+async def test_a_producer_that_reconnects_sends_its_incomplete_group_again(make_sample):
+    buf = SampleBuffer(8)
+    intake = Intake(buf, Ledger())
+    stream = intake.open("p1", 0)
+    rows = [make_sample(f"g-{i}", "g", [1], [2], size=3) for i in range(3)]
+    for row in rows[:2]:
+        assert intake.receive(stream, row) is Outcome.ACCEPTED
+    intake.close(stream)  # the stream broke mid-group: nothing of it stays
+    assert len(buf) == 0 and not intake.pending
+    again = intake.open("p1", 0)
+    assert [intake.receive(again, r) for r in rows] == [Outcome.ACCEPTED] * 3  # fresh, not "already pending"
+    assert [s.sample_id for s in buf.pop()] == ["g-0", "g-1", "g-2"]
+
+
+async def test_an_off_lineage_row_drops_its_whole_group(make_sample):
+    buf = SampleBuffer(8)
+    intake = Intake(buf, Ledger(), version_problem=lambda s: "off the lineage" if s.sample_id == "g-1" else None)
+    stream = intake.open("p1", 0)
+    _drain(stream)
+    outcomes = [intake.receive(stream, make_sample(f"g-{i}", "g", [1], [2], size=3, producer="p1"))
+                for i in range(3)]
+    assert outcomes == [Outcome.ACCEPTED, Outcome.DROPPED_STALE, Outcome.DROPPED_STALE]
+    acks = [a for m in _drain(stream) for a in m.acks]
+    assert {a.sample_id for a in acks if a.outcome is Outcome.DROPPED_STALE} == {"g-0", "g-1", "g-2"}
+    assert len(buf) == 0 and not intake.pending

@@ -130,3 +130,41 @@ def test_make_batcher_choice():
     assert make_batcher(None, 512, 1, 8).budget == 512
     assert isinstance(make_batcher(0, 512, 1, 8), FixedCountBatcher)
     assert make_batcher(100, 512, 1, 8).budget == 100
+
+
+def _by_group(samples):
+    groups = {}
+    for s in samples:
+        groups.setdefault(s.group_id, []).append(s)
+    return list(groups.values())
+
+
+def test_a_group_that_does_not_fit_moves_whole_to_the_next_micro_batch(make_groups):
+    samples = make_groups(n_groups=3, size=4, prompt_len=8, max_completion=6)
+    one_group = TreeRow()
+    for s in samples[:4]:
+        one_group.add(s)
+    budget = len(one_group) + 16  # room for one group and a sample of the next, never two groups
+    b = TokenBudgetBatcher(1, budget=budget)
+    closed = [mb for group in _by_group(samples) for mb in b.add_group(group)]
+    closed.append(b.flush())
+    assert [sorted({s.group_id for s in mb.samples}) for mb in closed] == [["g0"], ["g1"], ["g2"]]
+    # Sample by sample, the same budget splits groups across micro-batches.
+    b = TokenBudgetBatcher(1, budget=budget)
+    split = list(iter_batches(b, samples))
+    assert any(len({s.group_id for s in mb.samples}) > 1 for mb in split)
+
+
+def test_a_group_larger_than_a_micro_batch_still_spans_several(make_groups):
+    samples = make_groups(n_groups=1, size=8, prompt_len=4, max_completion=6)
+    b = TokenBudgetBatcher(1, budget=20)
+    closed = b.add_group(samples)
+    assert closed and b.open_samples  # the loop keeps the open tail in the same step
+    assert sum(mb.num_samples for mb in closed) + len(b.open_samples) == 8
+
+
+def test_fixed_count_closes_at_a_group_boundary(make_groups):
+    samples = make_groups(n_groups=3, size=3)
+    b = FixedCountBatcher(1, batch_size=4)
+    closed = [mb for group in _by_group(samples) for mb in b.add_group(group)]
+    assert [mb.num_samples for mb in closed] == [6] and len(b.open_samples) == 3
