@@ -10,13 +10,13 @@ import importlib
 import sys
 
 COMMANDS = {
-    "reward": ("services.reward.server", "Serve the reward API (RewardService)."),
-    "rollout": ("services.rollout.server", "Generate with vLLM, score, stream samples to the trainer."),
-    "trainer": ("services.trainer.server", "Train on samples, sync weights into vLLM, publish versions."),
-    "run": ("services.launcher.cli", "Run a whole job: vLLM, reward, trainer, rollout (see --help)."),
-    "vllm": ("services.launcher.cli", "Start the vLLM server agrpo needs, or print its command (see --help)."),
-    "audit": ("services.trainer.audit", "Check a run's audit log: every prompt once, nothing past max_staleness."),
-    "demo": ("services.demo.cli", "Run the whole system locally and train a small task (see --help)."),
+    "reward": ("agrpo.services.reward.server", "Serve the reward API (RewardService)."),
+    "rollout": ("agrpo.services.rollout.server", "Generate with vLLM, score, stream samples to the trainer."),
+    "trainer": ("agrpo.services.trainer.server", "Train on samples, sync weights into vLLM, publish versions."),
+    "run": ("agrpo.launcher.cli", "Run a whole job: vLLM, reward, trainer, rollout (see --help)."),
+    "vllm": ("agrpo.launcher.cli", "Start the vLLM server agrpo needs, or print its command (see --help)."),
+    "audit": ("agrpo.services.trainer.audit", "Check a run's audit log: every prompt once, nothing past max_staleness."),
+    "demo": ("agrpo.demo.cli", "Run the whole system locally and train a small task (see --help)."),
 }
 
 USAGE = """usage: agrpo <command> [--config FILE] [--key value ...]
@@ -48,20 +48,23 @@ def main(argv: list[str] | None = None) -> int:
     if command in ("demo", "audit"):  # their own options, not config keys
         return int(importlib.import_module(COMMANDS[command][0]).main(rest) or 0)
     if command in ("run", "vllm"):
-        from services.launcher import cli as launcher
+        from agrpo.launcher import cli as launcher
 
         return int((launcher.run_main if command == "run" else launcher.vllm_main)(rest) or 0)
     if any(a in ("-h", "--help") for a in rest):
         print(f"agrpo {command}: {COMMANDS[command][1]}\n\n{_usage()}")
         return 0
-    from services.common.config import ConfigError, load_config
+    from agrpo.services.common.config import ConfigError, load_config
 
     try:
         cfg = load_config(rest)
     except ConfigError as exc:
         print(f"agrpo {command}: config error: {exc}", file=sys.stderr)
         return 2
-    from services.common.preflight import STARTUP_ERROR_EXIT, StartupError
+    from agrpo.services.common.imports import adopt_sys_path
+    from agrpo.services.common.preflight import STARTUP_ERROR_EXIT, StartupError
+
+    adopt_sys_path(cfg.sys_path)  # user code resolves as in a spawned child of the user's script
 
     module = importlib.import_module(COMMANDS[command][0])
     try:

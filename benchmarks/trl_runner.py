@@ -2,7 +2,7 @@
 
 Runs in .venv-trl (scripts/setup_trl_env.sh), never in .venv: it imports nothing of agrpo
 (`services`, `agrpo`, `gen`). The reward is loaded from a file path (`--reward-file
-services/demo/task.py --reward-func digit_share`), so both sides call the same source.
+agrpo/demo/task.py --reward-func digit_share`), so both sides call the same source.
 The prompts file holds rows {"prompt": [chat messages], "solution": ...}; TRL applies the
 tokenizer's chat template (add_generation_prompt=True) and hands every extra column to the
 reward as a keyword argument.
@@ -18,6 +18,9 @@ Output (--out, JSON lines): one line per optimizer step
   reward functions, weight 1), and log() averages that one-element list and clears it.
 - step_s: wall time from the end of the previous step (for step 1: from on_train_begin) to the
   end of this one: generation + reward + forward/backward + optimizer step.
+- gen_s: the part of step_s spent in GRPOTrainer._generate_and_score_completions (tokenize,
+  generate, decode, reward, advantages); the rest is the loss forward/backward and the optimizer.
+  (Measured by wrapping that method on the trainer instance; it changes nothing else.)
 and a last line {"event": "done", ...} with the totals, the versions and the effective settings.
 
 Settings (TRL 1.16.0 GRPOConfig / transformers 5.19.0 TrainingArguments), checked against their
@@ -33,7 +36,7 @@ source in .venv-trl, each matched to /work/shared/reference/trl-grpotrainer-base
   GA = 1) and _compute_loss uses per_token_logps.detach() as the old logprobs (ratio 1, the
   on-policy case) - except with use_vllm, where vllm_importance_sampling_correction (TRL's
   default True, kept) computes them for the vLLM/trainer importance ratio.
-- max_completion_length: the task's (tiny 24, smollm2 32, services/demo/runner.py _task_settings).
+- max_completion_length: the task's (tiny 24, smollm2 32, agrpo/demo/runner.py _task_settings).
   TRL 1.16 has no max_prompt_length: prompts are never truncated (the field is gone from
   GRPOConfig; _tokenize_prompts applies the chat template with no truncation).
 - temperature = 1.0, top_p = 1.0, top_k = 0: in TRL 1.16 top_k is an int and 0 is documented as
@@ -52,7 +55,7 @@ source in .venv-trl, each matched to /work/shared/reference/trl-grpotrainer-base
   warmup_steps 0 (TRL's default is linear decay; ours is constant).
 - optim "adamw_torch_fused" (transformers' own default with torch >= 2.8): torch 2.13 has a fused
   AdamW kernel for CPU tensors too, so TRL gets fused AdamW on the CPU (agrpo's trainer falls back
-  to plain AdamW on CPU: services/trainer/model.py; the same maths with weight_decay 0).
+  to plain AdamW on CPU: agrpo/services/trainer/model.py; the same maths with weight_decay 0).
   weight_decay 0, adam_beta1/beta2/epsilon 0.9/0.999/1e-8, max_grad_norm 1.0.
 - beta = 0.0: no KL-to-reference term, and no reference model is loaded.
 - loss_type "dapo": sum of per-token losses / tokens in the batch (num_items_in_batch spans the
@@ -70,7 +73,8 @@ source in .venv-trl, each matched to /work/shared/reference/trl-grpotrainer-base
 - threads: --threads sets OMP_NUM_THREADS/MKL_NUM_THREADS before torch is imported and
   torch.set_num_threads.
 - logging_strategy "steps", logging_steps 1, report_to "none", save_strategy "no",
-  eval_strategy "no", no tqdm/printer callback (the runner prints its own line per step).
+  eval_strategy "no", no tqdm/printer callback (the runner prints its own line per step);
+  dataloader_pin_memory only with CUDA (on a CPU it does nothing but warn).
 - seed: GRPOConfig.seed (TRL calls set_seed(seed) before loading the model and
   set_seed(seed, device_specific=True) after); the RepeatSampler shuffles the prompts with it.
 - use_vllm / vllm_mode / vllm_gpu_memory_utilization / vllm_enable_sleep_mode: wired through,
@@ -204,6 +208,7 @@ def main(argv=None) -> int:
         eval_strategy="no",
         disable_tqdm=True,
         dataloader_num_workers=0,
+        dataloader_pin_memory=torch.cuda.is_available(),  # the default (True) only warns on a CPU
     )
     assert config.generation_batch_size == config.per_device_train_batch_size, config.generation_batch_size
 
@@ -228,7 +233,7 @@ def main(argv=None) -> int:
                 return
             row = {"step": state.global_step, "t_launch": round(clock["t_launch"], 4),
                    "t_train": round(clock["t_train"], 4), "reward": logs["reward"],
-                   "step_s": round(clock["step_s"], 4),
+                   "step_s": round(clock["step_s"], 4), "gen_s": round(clock.pop("gen_s", 0.0), 4),
                    "reward_std": logs.get("reward_std"), "loss": logs.get("loss"),
                    "completion_len": logs.get("completions/mean_length"),
                    "clipped_ratio": logs.get("completions/clipped_ratio")}
@@ -237,12 +242,24 @@ def main(argv=None) -> int:
             out.flush()
             if not args.quiet:
                 print(f"step {row['step']:4d} | reward {row['reward']:.3f} | {row['step_s']:.3f} s "
-                      f"| t_train {row['t_train']:7.2f} | t_launch {row['t_launch']:7.2f}", flush=True)
+                      f"(gen {row['gen_s']:.3f}) | t_train {row['t_train']:7.2f} | t_launch {row['t_launch']:7.2f}", flush=True)
 
     trainer = GRPOTrainer(model=args.model, reward_funcs=reward_func, args=config, train_dataset=dataset,
                           callbacks=[StepClock()])
     for cb in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(cb)
+
+    # Timing only (no change in behaviour): how long each step spends generating and scoring.
+    generate_and_score = trainer._generate_and_score_completions
+
+    def timed_generate_and_score(*a, **kw):
+        start = time.perf_counter()
+        try:
+            return generate_and_score(*a, **kw)
+        finally:
+            clock["gen_s"] = clock.get("gen_s", 0.0) + time.perf_counter() - start
+
+    trainer._generate_and_score_completions = timed_generate_and_score
 
     generation = {}
     if not args.use_vllm:

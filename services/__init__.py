@@ -1,3 +1,3 @@
-"""agrpo services: reward, rollout and trainer, plus the plumbing they share."""
+"""agrpo's services: reward, rollout and trainer, plus the plumbing they share (common).
 
-__version__ = "0.1.0"
+Installed as `agrpo.services` (agrpo/services links here)."""

@@ -18,8 +18,9 @@ from typing import Any
 
 import yaml
 
-from services.common.config.model import AgrpoConfig
-from services.common.imports import dump_pickled
+from agrpo.rewards import builtin_entry
+from agrpo.services.common.config.model import AgrpoConfig
+from agrpo.services.common.imports import dump_pickled, spawn_sys_path
 
 
 class AsyncGRPOConfig(AgrpoConfig):
@@ -101,9 +102,10 @@ class AsyncGRPOTrainer:
         """Write the job's config file; return its path."""
         raw = self.args.model_dump(mode="json", exclude_unset=True)
         raw.update(model=str(Path(self.model).resolve()) if Path(self.model).exists() else self.model,
-                   dataset=self._dataset(), output_dir=str(Path(self.args.resolved_output_dir).resolve()))
-        if self.reward_funcs:
-            raw["reward_funcs"] = [{"name": reference(f, self.api_dir, "reward function")}
+                   dataset=self._dataset(), output_dir=str(Path(self.args.resolved_output_dir).resolve()),
+                   sys_path=list(dict.fromkeys([*self.args.sys_path, *spawn_sys_path()])))
+        if self.reward_funcs:  # agrpo.rewards' functions run as the built-ins they call
+            raw["reward_funcs"] = [builtin_entry(f) or {"name": reference(f, self.api_dir, "reward function")}
                                    for f in self.reward_funcs]
         if self.tools:
             raw["tools"] = [reference(t, self.api_dir, "tool") for t in self.tools]
@@ -122,8 +124,8 @@ class AsyncGRPOTrainer:
 
     def train(self) -> int:
         """Run the job to the end; raises RuntimeError when it fails."""
-        from services.common.config import load_config
-        from services.launcher.job import Job, JobOptions
+        from agrpo.services.common.config import load_config
+        from agrpo.launcher.job import Job, JobOptions
 
         path = self.config()
         cfg = load_config(["--config", str(path)], {})

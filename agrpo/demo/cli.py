@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def _gpu_options(a: argparse.Namespace):
-    from services.launcher.gpus import gpu_count
+    from agrpo.launcher.gpus import gpu_count
 
     from .gpu import GpuOptions, default_trainer_gpu
 
@@ -47,7 +47,7 @@ def parse_sets(items: list[str]) -> dict:
 
 def parse(argv: list[str]):
     """Demo options from the command line."""
-    from services.common.vllm_process import WORKER_EXTENSION
+    from agrpo.services.common.vllm_process import WORKER_EXTENSION
 
     from .runner import DemoOptions
 
@@ -93,7 +93,7 @@ def parse(argv: list[str]):
 
 def main(argv: list[str]) -> int:
     """Run the demo; print its summary; 0 on success."""
-    from services.common.config import ConfigError
+    from agrpo.services.common.config import ConfigError
 
     from .runner import run
 

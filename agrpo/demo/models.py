@@ -18,7 +18,7 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def tiny_model(cache: Path, hidden_size: int = 128) -> Path:
     """The seed-0 tiny model (built in seconds, cached); hidden_size/4 is the head dim."""
-    from services.common.tiny_model import make_tiny_model
+    from agrpo.services.common.tiny_model import make_tiny_model
 
     name = "seed0" if hidden_size == 128 else f"seed0-h{hidden_size}"
     return make_tiny_model(cache / "tiny-model" / name, seed=0, hidden_size=hidden_size,

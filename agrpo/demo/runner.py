@@ -1,11 +1,11 @@
 """Run the whole system on localhost: vLLM, reward, trainer and rollout as processes.
 
 Each process gets OMP_NUM_THREADS=1 (2-core machines), but the SmolLM2 trainer gets 2.
-The services run as an `agrpo run` job (services/launcher): supervised, a line per step;
+The services run as an `agrpo run` job (agrpo/launcher): supervised, a line per step;
 when the trainer finishes, everything is stopped (also on Ctrl-C or a failure), a plot and
 a summary are written.
 With `gpu` set, vLLM and the trainer each get a GPU and weights travel over NCCL
-(services/demo/gpu.py).
+(agrpo/demo/gpu.py).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import yaml
 
-from services.common.vllm_process import VLLMServer, free_port, supports_scale_out
+from agrpo.services.common.vllm_process import VLLMServer, free_port, supports_scale_out
 
 from . import gpu as gpu_mode
 from . import models, report
-from services.common.config import ConfigError, load_config
-from services.common.config.loader import merge
-from services.launcher.job import Job, JobOptions
-from services.launcher.progress import StepFollower
+from agrpo.services.common.config import ConfigError, load_config
+from agrpo.services.common.config.loader import merge
+from agrpo.launcher.job import Job, JobOptions
+from agrpo.launcher.progress import StepFollower
 from .task import write_arithmetic_dataset
 
 
@@ -60,14 +60,14 @@ class DemoOptions:
 
 def _task_settings(opts: DemoOptions) -> dict:
     if opts.model == "smollm2":
-        return {"reward_funcs": [{"name": "services.demo.task:final_answer"}],
+        return {"reward_funcs": [{"name": "agrpo.demo.task:final_answer"}],
                 "max_completion_length": 32, "learning_rate": opts.learning_rate or 2e-5, "temperature": 1.0}
-    return {"reward_funcs": [{"name": "services.demo.task:digit_share"}], "max_completion_length": 24,
+    return {"reward_funcs": [{"name": "agrpo.demo.task:digit_share"}], "max_completion_length": 24,
             "learning_rate": opts.learning_rate or 3e-3, "temperature": 1.0}
 
 
 def _write_prompts(opts: DemoOptions) -> Path:
-    """SmolLM2 gets one-digit sums that ask for a box (services/demo/task.py says why)."""
+    """SmolLM2 gets one-digit sums that ask for a box (agrpo/demo/task.py says why)."""
     path = opts.out / "prompts.jsonl"
     if opts.model == "smollm2":
         return write_arithmetic_dataset(path, opts.num_prompts, instruction=" Put the final answer in \\boxed{}.",
@@ -206,7 +206,7 @@ def start_job(opts: DemoOptions, info: dict) -> tuple[VLLMServer, Job, object]:
 
 
 def run(opts: DemoOptions) -> dict:
-    """Start vLLM, then the job (services/launcher), train, stop everything; return the
+    """Start vLLM, then the job (agrpo/launcher), train, stop everything; return the
     summary. On a failure the summary of what did run is still written (with "error"),
     then the error is raised."""
     check_config(opts)  # a typo in an override or AGRPO_* variable: before the model and vLLM

@@ -27,8 +27,8 @@ def run_main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(RUN_USAGE)
         return 0 if argv else 2
-    from services.common.config import ConfigError, load_config
-    from services.common.preflight import STARTUP_ERROR_EXIT, StartupError
+    from agrpo.services.common.config import ConfigError, load_config
+    from agrpo.services.common.preflight import STARTUP_ERROR_EXIT, StartupError
 
     from .job import Job, JobOptions
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from services.common.preflight import StartupError
+from agrpo.services.common.preflight import StartupError
 
 
 def gpu_count() -> int:

@@ -10,13 +10,14 @@ supervisor restarts resumes this run.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.preflight import STARTUP_ERROR_EXIT, StartupError
+from agrpo.services.common.preflight import STARTUP_ERROR_EXIT, StartupError
 
 from .gpus import gpu_count, trainer_devices
 from .preflight import check_job
@@ -67,7 +68,7 @@ class Job:
     def start(self) -> None:
         """Preflight, vLLM, then reward, trainer and rollout started together (their imports and
         loading overlap; each connects to the others when they serve) and waited for in order."""
-        check_job(self.cfg)
+        check_job(self.cfg, self.opts.config_path.resolve().parent)
         self.trainer_gpus = self._trainer_gpus()
         self.logs.mkdir(parents=True, exist_ok=True)
         for url, port in servers_to_start(self.cfg):
@@ -107,7 +108,9 @@ class Job:
         return agrpo_argv(name, self.opts.config_path, *self.opts.extra_flags, cpus=self.opts.cpus.get(name))
 
     def _env(self, name: str) -> dict[str, str]:
-        env = {"AGRPO_RUN_ID": self.run_id, **self.opts.env.get(name, {})}
+        # User code beside the config file loads from any working directory.
+        sys_path = list(dict.fromkeys([*self.cfg.sys_path, str(self.opts.config_path.resolve().parent)]))
+        env = {"AGRPO_RUN_ID": self.run_id, "AGRPO_SYS_PATH": json.dumps(sys_path), **self.opts.env.get(name, {})}
         if name == "trainer":
             env["AGRPO_TRAINER__EXIT_WHEN_DONE"] = "true"
             if self.trainer_gpus is not None:

@@ -9,7 +9,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
-from services.common.lifetime import dying_with_this_process
+from agrpo.services.common.lifetime import dying_with_this_process
 
 
 class ServiceProcess:
@@ -38,7 +38,7 @@ class ServiceProcess:
 
     def wait_healthy(self, address: str, service: str, timeout_s: float) -> None:
         """Poll gRPC health until SERVING; raise with the log tail if it dies or times out."""
-        from services.common.probe import wait_serving
+        from agrpo.services.common.probe import wait_serving
 
         def check_alive() -> None:
             if not self.alive():
@@ -116,4 +116,4 @@ def agrpo_argv(service: str, config_path: Path, *flags: str, cpus: str | None = 
     """The command line of one service, run by this interpreter (on `cpus` only, by taskset).
     A trainer with trainer.num_processes > 1 starts its ranks itself (ranks.run_ranks)."""
     pin = ["taskset", "-c", cpus] if cpus else []
-    return [*pin, sys.executable, "-m", "services.cli", service, "--config", str(config_path), *flags]
+    return [*pin, sys.executable, "-m", "agrpo.cli", service, "--config", str(config_path), *flags]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from services.demo import report
+from agrpo.demo import report
 
 
 class StepFollower:

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.common.preflight import STARTUP_ERROR_EXIT, StartupError
+from agrpo.services.common.preflight import STARTUP_ERROR_EXIT, StartupError
 
 from .processes import ServiceProcess
 

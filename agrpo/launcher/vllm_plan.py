@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from services.common.preflight import StartupError, check_vllm_urls
-from services.common.vllm_process import GpuProfile, VLLMServer
+from agrpo.services.common.preflight import StartupError, check_vllm_urls
+from agrpo.services.common.vllm_process import GpuProfile, VLLMServer
 
 from .gpus import gpu_count
 

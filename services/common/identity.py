@@ -9,7 +9,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from agrpo.v1 import common_pb2
 
-from .. import __version__
+from agrpo import __version__
 
 
 class Identity:

@@ -1,8 +1,12 @@
 """User code by reference: the one loader for reward functions, tools and environments.
 
+User code resolves as in a child that multiprocessing's spawn started from the user's script:
+the job's `sys_path` (the script's own sys.path, handed over by the Python API; `agrpo run`
+adds the folder of its config file) goes first on sys.path (`adopt_sys_path`), then the
+working directory, as with `python -m`.
+
 A reference is one of:
-- `package.module:attr.path`: imported (the working directory is importable, as with
-  `python -m`, so a module next to the config is found);
+- `package.module:attr.path`: imported from those folders;
 - `path/to/script.py:attr`: the script is loaded as module `__mp_main__`, as
   multiprocessing's spawn does, so its `if __name__ == "__main__":` block does not run
   (how `agrpo.AsyncGRPOTrainer` refers to functions defined in the training script);
@@ -13,6 +17,7 @@ A reference is one of:
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import pickle
@@ -37,10 +42,56 @@ def load_object(ref: str) -> Any:
     return obj
 
 
+class UserCodeNotFound(ImportError):
+    """A reference's module is on none of the folders searched (one line naming them)."""
+
+
+def adopt_sys_path(folders: list[str]) -> None:
+    """Put the job's folders first on sys.path, in order (those already there stay where they are)."""
+    missing = [str(Path(f).resolve()) for f in folders if str(Path(f).resolve()) not in sys.path]
+    sys.path[:0] = list(dict.fromkeys(missing))
+
+
+def spawn_sys_path() -> list[str]:
+    """This process's sys.path as a spawned child would get it: absolute folders ('' is the
+    working directory), the interpreter's own (stdlib, site-packages) left out."""
+    own = {str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    out = []
+    for entry in sys.path:
+        folder = Path(entry or os.getcwd()).resolve()
+        if folder.is_dir() and not any(str(folder).startswith(o + os.sep) or str(folder) == o for o in own):
+            out.append(str(folder))
+    return list(dict.fromkeys(out))
+
+
+def missing_module(ref: str, folders: list[str]) -> str | None:
+    """Why `ref`'s module cannot be found from `folders` (then sys.path), without importing it;
+    None when it can (or the reference is not a module's: a script, a pickle, a built-in name)."""
+    target, sep, _ = ref.rpartition(":")
+    if not sep or ref.startswith("pickle:"):
+        return None
+    if target.endswith(".py"):
+        return None if Path(target).is_file() else f"no file {target}"
+    top = target.split(".")[0]
+    searched = list(dict.fromkeys([*(str(Path(f).resolve()) for f in folders), os.getcwd()]))
+    if importlib.machinery.PathFinder.find_spec(top, [*searched, *sys.path]) is not None or top in sys.modules:
+        return None
+    return f"no module named {top!r} in {', '.join(searched)} (nor on PYTHONPATH)"
+
+
 def _import_module(name: str):
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
-    return importlib.import_module(name)
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
+            raise  # the user's module was found; something it imports is missing
+        searched = ", ".join(spawn_sys_path()) or "no folder"
+        raise UserCodeNotFound(f"no module named {exc.name!r} in {searched} "
+                               "(a module beside the script or config, on PYTHONPATH or the job's sys_path)",
+                               name=exc.name) from None
+
 
 
 def load_script(path: Path):

@@ -23,8 +23,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.affinity import pin_threads
-from services.common.lifetime import dying_with_this_process
+from agrpo.services.common.affinity import pin_threads
+from agrpo.services.common.lifetime import dying_with_this_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ import collections
 import contextlib
 from collections.abc import Callable, Iterator
 
-from services.common.errors import ResourceExhausted
+from agrpo.services.common.errors import ResourceExhausted
 
 DEADLINE_SHARE = 0.8
 """Part of a caller's remaining time that its request may expect to take, queue included."""

@@ -7,8 +7,8 @@ services/reward/server.py serves this app.
 
 from __future__ import annotations
 
-from services.common.config import AgrpoConfig
-from services.common.logging import get_logger
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.common.logging import get_logger
 
 from .metrics import RewardMetrics
 from .pool import WorkerPool

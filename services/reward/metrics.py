@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.common.metrics import Metrics
+from agrpo.services.common.metrics import Metrics
 
 from .results import Status
 

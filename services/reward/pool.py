@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.logging import get_logger
+from agrpo.services.common.logging import get_logger
 
 from .registry import FunctionInfo, FunctionSpec
 from .results import TimedOut
@@ -32,7 +32,7 @@ from .worker import worker_main
 log = get_logger("reward.pool")
 
 # Preloaded once by the forkserver, so a replacement worker starts in milliseconds.
-_PRELOAD = ["services.reward.worker", "services.reward.builtins", "math_verify",
+_PRELOAD = ["agrpo.services.reward.worker", "agrpo.services.reward.builtins", "math_verify",
             "latex2sympy2_extended"]
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.imports import load_object
+from agrpo.services.common.imports import UserCodeNotFound, load_object
 
 from . import builtins
 from .results import TimedOut
@@ -50,7 +50,7 @@ class FunctionInfo:
 
 def check_names(cfg: Any) -> None:
     """Every configured name is a built-in or a `module:callable` (one line naming the key)."""
-    from services.common.preflight import StartupError
+    from agrpo.services.common.preflight import StartupError
 
     for i, fc in enumerate(cfg.reward_funcs):
         if ":" not in fc.name and builtins.builtin_key(fc.name) is None:
@@ -114,6 +114,8 @@ def load(spec: FunctionSpec) -> tuple[Callable[..., Any], FunctionInfo]:
                 fn = fn(**spec.kwargs)
             elif spec.kwargs:
                 fn = functools.partial(fn, **spec.kwargs)
+    except UserCodeNotFound as exc:
+        raise ValueError(f"reward function {spec.source!r}: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - reported as a config error
         raise ValueError(f"reward function {spec.source!r}: {type(exc).__name__}: {exc}") from exc
     if not callable(fn):

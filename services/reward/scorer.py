@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.errors import InvalidArgument, NotFound
-from services.common.logging import get_logger
+from agrpo.services.common.errors import InvalidArgument, NotFound
+from agrpo.services.common.logging import get_logger
 
 from .admission import Admission
 from .metrics import RewardMetrics

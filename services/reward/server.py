@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 
-from services.common.config import AgrpoConfig
-from services.common.logging import get_logger, setup_logging
-from services.common.server import GrpcServer, StopSignals
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.common.logging import get_logger, setup_logging
+from agrpo.services.common.server import GrpcServer, StopSignals
 
 from .app import RewardApp
 from .call_metrics import CallCounter
@@ -85,7 +85,7 @@ async def serve(cfg: AgrpoConfig) -> int:
 
 def preflight(cfg: AgrpoConfig) -> None:
     """One-line start-up errors (services/common/preflight.py): ports, function names."""
-    from services.common.preflight import check_service_ports
+    from agrpo.services.common.preflight import check_service_ports
 
     from .registry import check_names
 

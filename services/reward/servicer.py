@@ -18,8 +18,8 @@ from google.protobuf.message import DecodeError
 
 from agrpo.v1 import reward_service_pb2 as reward_pb
 from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
-from services.common.errors import InvalidArgument, ServiceError, Unavailable, grpc_errors
-from services.common.logging import get_logger
+from agrpo.services.common.errors import InvalidArgument, ServiceError, Unavailable, grpc_errors
+from agrpo.services.common.logging import get_logger
 
 from . import convert
 from .metrics import RewardMetrics

@@ -20,7 +20,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from services.common.lifetime import die_with_parent
+from agrpo.services.common.lifetime import die_with_parent
 
 from .deadline import call_budget
 from .registry import FunctionSpec, invoke, load

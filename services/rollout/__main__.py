@@ -1,8 +1,8 @@
-"""`python -m services.rollout [--config FILE] [--key value ...]` == `agrpo rollout ...`."""
+"""`python -m agrpo.services.rollout [--config FILE] [--key value ...]` == `agrpo rollout ...`."""
 
 import sys
 
-from services.cli import main
+from agrpo.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["rollout", *sys.argv[1:]]))

@@ -15,11 +15,11 @@ import aiohttp
 import grpc
 
 from agrpo.v1 import common_pb2
-from services.common.channels import open_channel
-from services.common.identity import Identity
-from services.common.logging import get_logger
-from services.common.preflight import StartupError
-from services.common.versions import lineage_from_proto
+from agrpo.services.common.channels import open_channel
+from agrpo.services.common.identity import Identity
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.preflight import StartupError
+from agrpo.services.common.versions import lineage_from_proto
 
 from .balancer import Balancer
 from .data import build_prompt_set, load_rows, load_tokenizer

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from services.common.logging import get_logger
+from agrpo.services.common.logging import get_logger
 
 from .vllm_client import Completion, SamplingConfig, VLLMClient, VLLMError
 

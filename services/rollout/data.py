@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.logging import get_logger
+from agrpo.services.common.logging import get_logger
 
 log = get_logger("rollout.data")
 

@@ -26,10 +26,10 @@ import time
 import uuid
 from collections import Counter
 
-from services.common.logging import get_logger
-from services.common.metrics import IdleClock
-from services.common.preflight import StartupError
-from services.common.versions import Lineage
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.metrics import IdleClock
+from agrpo.services.common.preflight import StartupError
+from agrpo.services.common.versions import Lineage
 
 from .balancer import GenerationFailed
 from .groups import GenerationContext, Group

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from services.common.metrics import Metrics
+from agrpo.services.common.metrics import Metrics
 
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 50)
 REWARD_BUCKETS = (-10, -5, -2, -1, -0.5, 0, 0.25, 0.5, 0.75, 1, 2, 5, 10)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agrpo.v1 import common_pb2
-from services.common.identity import now_timestamp
+from agrpo.services.common.identity import now_timestamp
 
 from .advantage import group_advantages, group_stats
 

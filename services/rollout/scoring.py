@@ -17,8 +17,8 @@ from google.protobuf import json_format, struct_pb2
 
 from agrpo.v1 import reward_service_pb2 as reward_pb
 from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
-from services.common.logging import get_logger
-from services.common.preflight import StartupError
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.preflight import StartupError
 
 log = get_logger("rollout.scoring")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

@@ -23,9 +23,9 @@ import grpc
 from agrpo.v1 import common_pb2
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
-from services.common.identity import now_timestamp
-from services.common.logging import get_logger
-from services.common.versions import lineage_from_proto
+from agrpo.services.common.identity import now_timestamp
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.versions import lineage_from_proto
 
 log = get_logger("rollout.sender")
 FINAL = {trainer_pb.SAMPLE_OUTCOME_TRAINED: "trained", trainer_pb.SAMPLE_OUTCOME_DUPLICATE: "duplicate",

@@ -1,6 +1,6 @@
 """`agrpo rollout`: generate with vLLM, score with the reward service, stream to the trainer.
 
-Run:  agrpo rollout --config run.yaml   (or: python -m services.cli rollout ...)
+Run:  agrpo rollout --config run.yaml   (or: python -m agrpo.cli rollout ...)
 Serves RolloutService (Heartbeat, GetStatus), grpc.health.v1 and reflection on
 `rollout.port`, and Prometheus `agrpo_rollout_*` on `rollout.metrics_port`.
 In-process (tests): `svc = await build(cfg); await svc.start(); ...; await svc.stop()`.
@@ -12,9 +12,9 @@ import asyncio
 
 from agrpo.v1 import common_pb2
 from agrpo.v1 import rollout_service_pb2_grpc as rollout_grpc
-from services.common.logging import get_logger, setup_logging
-from services.common.preflight import StartupError
-from services.common.server import GrpcServer, StopSignals
+from agrpo.services.common.logging import get_logger, setup_logging
+from agrpo.services.common.preflight import StartupError
+from agrpo.services.common.server import GrpcServer, StopSignals
 
 from .app import RolloutApp
 from .servicer import RolloutServicer
@@ -95,7 +95,7 @@ async def serve(cfg) -> None:
 
 def preflight(cfg) -> None:
     """One-line start-up errors (services/common/preflight.py): ports, data, vLLM URLs."""
-    from services.common.preflight import check_dataset, check_service_ports, check_vllm_urls
+    from agrpo.services.common.preflight import check_dataset, check_service_ports, check_vllm_urls
 
     check_service_ports(cfg, "rollout")
     check_dataset(cfg)

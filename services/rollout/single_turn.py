@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.common.versions import label_to_version, oldest_version
+from agrpo.services.common.versions import label_to_version, oldest_version
 
 from .groups import GenerationContext, Group, gather_or_cancel
 from .samples import Row

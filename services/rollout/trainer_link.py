@@ -13,7 +13,7 @@ import grpc
 
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
-from services.common.logging import get_logger
+from agrpo.services.common.logging import get_logger
 
 log = get_logger("rollout.trainer_link")
 

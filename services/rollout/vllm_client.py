@@ -15,8 +15,8 @@ from typing import Any
 
 import aiohttp
 
-from services.common.logging import get_logger
-from services.common.vllm_process import parse_vllm_version as parse_version
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.vllm_process import parse_vllm_version as parse_version
 
 log = get_logger("rollout.vllm")
 

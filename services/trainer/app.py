@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from services.common.config import AgrpoConfig
-from services.common.identity import Identity
-from services.common.logging import get_logger
-from services.common.preflight import StartupError
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.common.identity import Identity
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.preflight import StartupError
 
 from . import checkpoint, run_record
 from .buffer import SampleBuffer

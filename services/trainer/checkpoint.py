@@ -15,7 +15,7 @@ import random
 import shutil
 from pathlib import Path
 
-from services.common.logging import get_logger
+from agrpo.services.common.logging import get_logger
 
 from .state import TrainState
 

@@ -8,7 +8,7 @@ import random
 
 import torch
 
-from services.common.config import AgrpoConfig
+from agrpo.services.common.config import AgrpoConfig
 
 from .engine import Engine, EngineConfig
 from .loss import LossConfig

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from services.common.config import AgrpoConfig
-from services.common.logging import get_logger
-from services.common.metrics import IdleClock
-from services.common.versions import Lineage, label_to_version
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.metrics import IdleClock
+from agrpo.services.common.versions import Lineage, label_to_version
 
 from . import checkpoint
 from .audit import TrainedSampleLog

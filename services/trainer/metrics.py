@@ -13,8 +13,8 @@ import math
 import time
 from pathlib import Path
 
-from services.common.logging import get_logger
-from services.common.metrics import Metrics
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.metrics import Metrics
 
 log = get_logger("trainer.steps")
 

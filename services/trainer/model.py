@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from services.common.config import AgrpoConfig
-from services.common.logging import get_logger
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.common.logging import get_logger
 
 log = get_logger("trainer.model")
 

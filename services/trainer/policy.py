@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from services.common.versions import Lineage
+from agrpo.services.common.versions import Lineage
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-from services.common.logging import get_logger
+from agrpo.services.common.logging import get_logger
 
 log = get_logger("trainer.ranks")
 
@@ -72,7 +72,7 @@ def run_ranks(n: int) -> None:
     log.info("starting %d trainer ranks under torchrun (node %s of %d)", n, os.environ.get("PET_NODE_RANK", 0), nodes)
     where = [] if nodes > 1 else ["--standalone"]
     argv = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc_per_node", str(n),
-            "-m", "services.cli", *sys.argv[1:]]
+            "-m", "agrpo.cli", *sys.argv[1:]]
     os.execv(sys.executable, argv)
 
 
@@ -93,7 +93,7 @@ def init(world: World, timeout_s: float, use_cuda: bool, fsdp: bool = False) -> 
     if use_cuda:
         torch.cuda.set_device(world.local_rank)
     if world.size == 1:
-        from services.common.vllm_process import free_port
+        from agrpo.services.common.vllm_process import free_port
 
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
@@ -117,7 +117,7 @@ def _die_with_launcher() -> None:
     """Under torchrun each rank has a session of its own, so a SIGKILL of the launcher's
     process group (agrpo run's second Ctrl-C) misses it: it dies with its parent instead."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
-        from services.common.lifetime import die_with_parent
+        from agrpo.services.common.lifetime import die_with_parent
 
         die_with_parent()
 

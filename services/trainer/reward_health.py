@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from services.common.preflight import StartupError
+from agrpo.services.common.preflight import StartupError
 
 
 @dataclass

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from agrpo.v1 import common_pb2
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
-from services.common.config import AgrpoConfig
-from services.common.logging import get_logger, setup_logging
-from services.common.preflight import StartupError
-from services.common.server import GrpcServer, StopSignals
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.common.logging import get_logger, setup_logging
+from agrpo.services.common.preflight import StartupError
+from agrpo.services.common.server import GrpcServer, StopSignals
 
 from . import ranks
 from .app import TrainerApp
@@ -157,7 +157,7 @@ async def serve(cfg: AgrpoConfig, world: World | None = None) -> int:
 
 def preflight(cfg: AgrpoConfig) -> None:
     """One-line start-up errors (services/common/preflight.py): ports, model, vLLM URLs, resume."""
-    from services.common.preflight import check_model, check_service_ports, check_vllm_urls
+    from agrpo.services.common.preflight import check_model, check_service_ports, check_vllm_urls
 
     if ranks.world_from_env().leader:  # only rank 0 listens
         check_service_ports(cfg, "trainer")

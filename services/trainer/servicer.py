@@ -14,10 +14,10 @@ import grpc
 from agrpo.v1 import common_pb2
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
-from services.common.errors import InvalidArgument, Unavailable, grpc_errors
-from services.common.identity import Identity, now_timestamp
-from services.common.logging import get_logger
-from services.common.versions import lineage_to_proto, oldest_version
+from agrpo.services.common.errors import InvalidArgument, Unavailable, grpc_errors
+from agrpo.services.common.identity import Identity, now_timestamp
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.versions import lineage_to_proto, oldest_version
 
 from .intake import Outbound
 from .sample import MAX_ID_CHARS, Sample
@@ -50,7 +50,7 @@ def _prompt_key(key) -> common_pb2.PromptKey:
 
 
 class TrainerServicer(trainer_grpc.TrainerServiceServicer):
-    """The gRPC face of a running trainer (`app` is services.trainer.app.TrainerApp)."""
+    """The gRPC face of a running trainer (`app` is agrpo.services.trainer.app.TrainerApp)."""
 
     def __init__(self, app) -> None:
         self.app = app

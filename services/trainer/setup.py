@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from services.common.config import AgrpoConfig
-from services.common.logging import get_logger
-from services.common.preflight import StartupError
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.preflight import StartupError
 
 from . import checkpoint
 from .loop import TrainerLoop

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.common.versions import Lineage
+from agrpo.services.common.versions import Lineage
 
 from .ledger import Ledger
 

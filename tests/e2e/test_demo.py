@@ -24,7 +24,7 @@ def demo_run(tmp_path_factory):
     old.mkdir(parents=True)
     (old / "agrpo_state.json").write_text('{"step": 999}')  # "complete" to the trainer
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "demo", "--epochs", str(EPOCHS),
+        [sys.executable, "-m", "agrpo.cli", "demo", "--epochs", str(EPOCHS),
          "--num-prompts", str(NUM_PROMPTS), "--learning-rate", "5e-3", "--out", str(out),
          "--timeout", "900"],
         capture_output=True, text=True, timeout=1200)

@@ -25,7 +25,7 @@ from vllm_server import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.timeout(900)]
 
-AGRPO = [sys.executable, "-m", "services.cli"]
+AGRPO = [sys.executable, "-m", "agrpo.cli"]
 REWARDS = '''
 def length_reward(completions, **kwargs):
     """Longer answers score higher (a user's own reward, called as TRL calls it)."""

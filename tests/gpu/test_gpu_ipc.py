@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-ipc = pytest.importorskip("services.trainer.weight_sync.ipc")
+ipc = pytest.importorskip("agrpo.services.trainer.weight_sync.ipc")
 
 
 def _named(seed: int):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-nccl = pytest.importorskip("services.trainer.weight_sync.nccl")
+nccl = pytest.importorskip("agrpo.services.trainer.weight_sync.nccl")
 pytestmark = pytest.mark.skipif(not hasattr(nccl, "NcclLib"), reason="trainer lacks the NcclLib patch")
 
 
@@ -30,7 +30,7 @@ def _worker(port: int, nbytes: int, q) -> None:
     import torch
     from torch.distributed import TCPStore
 
-    from services.trainer.weight_sync import nccl as n
+    from agrpo.services.trainer.weight_sync import nccl as n
 
     mod = "vllm.distributed.device_communicators.pynccl_wrapper"
     parts = mod.split(".")

@@ -38,7 +38,7 @@ def split(cmd: str) -> tuple[dict[str, str], list[str]]:
 
 
 def printed(device: str, model: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "services.cli", "vllm", model, "--print", "--device", device,
+    r = subprocess.run([sys.executable, "-m", "agrpo.cli", "vllm", model, "--print", "--device", device,
                         "--max-model-len", "2048"],  # the README's model takes 2048 tokens; the tiny one 1024
                        capture_output=True, text=True, timeout=60, check=True)
     return r.stdout.strip()

@@ -86,7 +86,7 @@ async def test_a_group_in_one_request_and_its_abort(vllm_server, tiny_model_dir,
     their own tokens, logprobs and weight spans, and aborting the request's id stops them all."""
     import aiohttp
 
-    from services.rollout.vllm_client import SamplingConfig, VLLMClient
+    from agrpo.services.rollout.vllm_client import SamplingConfig, VLLMClient
 
     vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
     # Half the vocabulary stops a completion: the 8 end at different steps (vLLM 0.26 then

@@ -236,7 +236,7 @@ def _record(report: FuzzReport, case: Case, ack: str | None, reason: str, code: 
 async def start_rollout_rpcs(cfg):
     """The rollout's gRPC server only: RolloutService over a RolloutApp that is not set up (no
     vLLM, data or peers), so its servicer, health and interceptors are real, its status empty."""
-    from services.rollout.server import RolloutService
+    from agrpo.services.rollout.server import RolloutService
 
     svc = RolloutService(cfg)
     svc.port = await svc.grpc_server.start()
@@ -248,7 +248,7 @@ async def start_rollout_rpcs(cfg):
 async def fuzz_targets(trainer_cfg, rollout_cfg):
     """A started trainer service and the rollout's gRPC server, plus a `FuzzCases` factory
     bound to the trainer's vocabulary and token budget; both are stopped on exit."""
-    from services.trainer.server import build
+    from agrpo.services.trainer.server import build
 
     svc = await build(trainer_cfg)
     await svc.start()

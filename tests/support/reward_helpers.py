@@ -12,9 +12,9 @@ from google.protobuf import struct_pb2
 
 from agrpo.v1 import reward_service_pb2 as pb
 from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
-from services.common.channels import open_channel
-from services.common.config import AgrpoConfig
-from services.reward.server import RewardService, build
+from agrpo.services.common.channels import open_channel
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.reward.server import RewardService, build
 
 HERE = Path(__file__).resolve().parent
 SERVICE = "agrpo.v1.RewardService"

@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from services.common.config import AgrpoConfig
+from agrpo.services.common.config import AgrpoConfig
 
 NUM_PROMPTS = 12
 
@@ -43,7 +43,7 @@ def make_cfg(*, vllm_urls, model_dir, dataset_file, trainer_port, reward_port, *
 
 @contextlib.asynccontextmanager
 async def running_rollout(cfg):
-    from services.rollout.server import build
+    from agrpo.services.rollout.server import build
 
     svc = await build(cfg)
     await svc.start()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from services.common.config import AgrpoConfig
+from agrpo.services.common.config import AgrpoConfig
 
 
 def make_cfg(model_dir, output_dir, urls, **over) -> AgrpoConfig:
@@ -49,7 +49,7 @@ class Producer:
     def __init__(self, port: int, producer_id: str = "producer-1", prompts_per_epoch: int = 0) -> None:
         from agrpo.v1 import trainer_service_pb2 as trainer_pb
         from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
-        from services.common.channels import open_channel
+        from agrpo.services.common.channels import open_channel
 
         self.pb = trainer_pb
         self.channel = open_channel(f"127.0.0.1:{port}", ["agrpo.v1.TrainerService"])

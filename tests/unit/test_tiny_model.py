@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from services.common.tiny_model import make_tiny_model
+from agrpo.services.common.tiny_model import make_tiny_model
 
 
 @pytest.fixture(scope="module")

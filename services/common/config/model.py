@@ -49,6 +49,10 @@ class AgrpoConfig(GRPOArgs):
     """The reward service."""
     launcher: LauncherSection = Field(default_factory=LauncherSection)
     """What `agrpo run` starts and how."""
+    sys_path: list[str] = Field(default_factory=list)
+    """Folders put first on every service's sys.path before user code (reward functions, tools,
+    environments) loads, as multiprocessing's spawn hands a child its parent's sys.path: the
+    Python API passes its script's; agrpo run adds the folder of its config file."""
     run_id: str | None = None
     """Identity of one run: a trainer that finds its own run id in output_dir resumes it, even
     a finished run; another id starts a new run. agrpo run sets a new one per invocation

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.common.versions import oldest_version
+from agrpo.services.common.versions import oldest_version
 
 CLEAN, REALIGN, FORK = "clean", "realign", "fork"
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from services.common.logging import get_logger
-from services.common.versions import label_to_version, oldest_version
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.versions import label_to_version, oldest_version
 
 from ..groups import GenerationContext, Group, gather_or_cancel
 from ..samples import Row

@@ -38,8 +38,8 @@ from urllib.parse import urlparse
 
 import torch
 
-from services.common.logging import get_logger
-from services.common.vllm_process import parse_vllm_version as parse_version
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.vllm_process import parse_vllm_version as parse_version
 
 from .client import IPC_CHECK, VLLMAdmin, WeightSyncError
 from .transports import Prepared, gpu_uuid, manifest

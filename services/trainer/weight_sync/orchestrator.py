@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from services.common.logging import get_logger
-from services.common.vllm_process import parse_vllm_version
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.vllm_process import parse_vllm_version
 
 from .client import SWAP_METHOD, VLLMAdmin, WeightSyncError
 from .transports import Prepared

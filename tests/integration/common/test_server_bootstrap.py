@@ -16,10 +16,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from agrpo.v1 import common_pb2, rollout_service_pb2_grpc
-from services.common.channels import open_channel
-from services.common.config.sections import AuthConfig, RolloutSection
-from services.common.identity import Identity
-from services.common.server import GrpcServer
+from agrpo.services.common.channels import open_channel
+from agrpo.services.common.config.sections import AuthConfig, RolloutSection
+from agrpo.services.common.identity import Identity
+from agrpo.services.common.server import GrpcServer
 
 SERVICE = "agrpo.v1.RolloutService"
 

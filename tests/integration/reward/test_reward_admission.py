@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agrpo.v1 import reward_service_pb2 as pb
 from reward_helpers import SERVICE, client, item, make_cfg, request, running, values
-from services.reward.pool import WorkerStartError
+from agrpo.services.reward.pool import WorkerStartError
 
 pytestmark = pytest.mark.timeout(120)
 U = "reward_user_funcs"

@@ -100,7 +100,7 @@ async def test_idle_worker_that_died_is_replaced_before_the_next_call():
 
 async def test_workers_score_at_a_lower_cpu_priority_than_the_front():
     # C8: under overload the front must keep the CPU to refuse at once (refusals took 2 s at p50).
-    from services.reward.worker import WORKER_NICENESS
+    from agrpo.services.reward.worker import WORKER_NICENESS
 
     cfg = make_cfg([{"name": f"{U}:worker_pid"}], num_workers=1)
     async with running(cfg) as srv, client(srv.port) as stub:

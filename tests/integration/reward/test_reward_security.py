@@ -17,7 +17,7 @@ from prometheus_client import generate_latest
 from agrpo.v1 import reward_service_pb2 as pb
 from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
 from reward_helpers import SERVICE, client, item, make_cfg, request, running, values
-from services.common.config.sections import AuthConfig, TLSConfig
+from agrpo.services.common.config.sections import AuthConfig, TLSConfig
 
 pytestmark = pytest.mark.timeout(120)
 FUNCS = [{"name": "think_format"}]

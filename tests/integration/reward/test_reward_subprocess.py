@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 from agrpo.v1 import reward_service_pb2 as pb
-from services.common.probe import wait_serving
-from services.common.vllm_process import free_port
+from agrpo.services.common.probe import wait_serving
+from agrpo.services.common.vllm_process import free_port
 from reward_helpers import HERE, OK, SERVICE, client, column, item
 
 pytestmark = pytest.mark.timeout(180)

@@ -9,7 +9,7 @@ import pytest
 from fake_trainer import FakeTrainer
 from rollout_helpers import write_dataset
 
-from services.common.config import AgrpoConfig
+from agrpo.services.common.config import AgrpoConfig
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def dataset_file(tmp_path) -> Path:
 
 @pytest.fixture
 async def reward_port():
-    from services.reward.server import build
+    from agrpo.services.reward.server import build
 
     cfg = AgrpoConfig.model_validate({
         "reward": {"port": 0, "metrics_port": None, "num_workers": 1},

@@ -22,10 +22,10 @@ import pytest
 
 import mt_tools as T
 from rollout_helpers import make_cfg, running_rollout, wait_for
-from services.common.versions import label_to_version
-from services.rollout.multiturn.conversation import TurnLimits, run_conversation
-from services.rollout.multiturn.tools import load_tools, tool_schema
-from services.rollout.vllm_client import Completion, SamplingConfig, VLLMClient
+from agrpo.services.common.versions import label_to_version
+from agrpo.services.rollout.multiturn.conversation import TurnLimits, run_conversation
+from agrpo.services.rollout.multiturn.tools import load_tools, tool_schema
+from agrpo.services.rollout.vllm_client import Completion, SamplingConfig, VLLMClient
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 M = "mt_tools"
@@ -134,9 +134,9 @@ async def test_async_raising_and_hanging_tools(client, tok, tool, args, ok, expe
 
 
 async def test_environment_tool_and_reward_through_multiturn_runner(client, tok, tiny_model_dir):
-    from services.common.config import AgrpoConfig
-    from services.rollout.data import Prompt
-    from services.rollout.multiturn.runner import MultiTurn
+    from agrpo.services.common.config import AgrpoConfig
+    from agrpo.services.rollout.data import Prompt
+    from agrpo.services.rollout.multiturn.runner import MultiTurn
 
     cfg = AgrpoConfig.model_validate({"max_completion_length": 60, "max_tool_calling_iterations": 1,
                                       "environment_factory": f"{M}:ScoreEnv", "dataset": {"path": "json"}})

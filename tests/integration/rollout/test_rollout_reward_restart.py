@@ -9,7 +9,7 @@ import pytest
 
 from rollout_helpers import make_cfg, running_rollout, wait_for, write_dataset
 from fake_trainer import FakeTrainer
-from services.common.config import AgrpoConfig
+from agrpo.services.common.config import AgrpoConfig
 from vllm_server import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -18,7 +18,7 @@ N = 24
 
 
 async def _start_reward(port: int):
-    from services.reward.server import build
+    from agrpo.services.reward.server import build
 
     cfg = AgrpoConfig.model_validate({
         "reward": {"port": port, "metrics_port": None, "num_workers": 1},

@@ -11,9 +11,9 @@ import pytest
 from trainer_helpers import greedy, vllm_greedy
 from vllm_server import VLLMServer
 
-from services.common.vllm_process import WORKER_EXTENSION
-from services.trainer.weight_sync import WeightSyncer
-from services.trainer.weight_sync.transports import HttpTransport, named_weights
+from agrpo.services.common.vllm_process import WORKER_EXTENSION
+from agrpo.services.trainer.weight_sync import WeightSyncer
+from agrpo.services.trainer.weight_sync.transports import HttpTransport, named_weights
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 

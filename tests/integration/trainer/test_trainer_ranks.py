@@ -18,7 +18,7 @@ import yaml
 from trainer_helpers import Producer, rollout_samples
 from vllm_server import free_port
 
-from services.trainer.audit import verify
+from agrpo.services.trainer.audit import verify
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 STEPS, BATCH = 3, 8
@@ -42,7 +42,7 @@ def _config(tmp: Path, model_dir, url: str, nproc: int, nodes: int = 1, **over) 
 
 def _start(path: Path, log: Path, **env_over: str) -> subprocess.Popen:
     """`agrpo trainer` as a user starts it: with trainer.num_processes > 1 it becomes torchrun."""
-    cmd = [sys.executable, "-m", "services.cli", "trainer", "--config", str(path)]
+    cmd = [sys.executable, "-m", "agrpo.cli", "trainer", "--config", str(path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3]), **env_over}
     return subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 

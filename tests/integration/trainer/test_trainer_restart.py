@@ -9,8 +9,8 @@ import json
 import pytest
 from trainer_helpers import Producer, make_cfg, rollout_samples
 
-from services.trainer.sample import Outcome
-from services.trainer.server import build
+from agrpo.services.trainer.sample import Outcome
+from agrpo.services.trainer.server import build
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

@@ -13,10 +13,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 from agrpo.v1.common_pb2 import GetStatusRequest, HeartbeatRequest
-from services.trainer.app import build_pace
+from agrpo.services.trainer.app import build_pace
 from agrpo.v1.trainer_service_pb2 import WatchPolicyRequest
-from services.trainer.sample import Outcome
-from services.trainer.server import build
+from agrpo.services.trainer.sample import Outcome
+from agrpo.services.trainer.server import build
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

@@ -18,8 +18,8 @@ import pytest
 from trainer_helpers import greedy, vllm_greedy
 from vllm_server import VLLMServer
 
-from services.trainer.weight_sync import WeightSyncer
-from services.trainer.weight_sync.transports import HttpTransport, named_weights
+from agrpo.services.trainer.weight_sync import WeightSyncer
+from agrpo.services.trainer.weight_sync.transports import HttpTransport, named_weights
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 

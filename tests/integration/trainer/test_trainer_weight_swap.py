@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import pytest
 from trainer_helpers import greedy, vllm_greedy
 
-from services.trainer.weight_sync import WeightSyncer
-from services.trainer.weight_sync.transports import HttpTransport, Prepared, named_weights
+from agrpo.services.trainer.weight_sync import WeightSyncer
+from agrpo.services.trainer.weight_sync.transports import HttpTransport, Prepared, named_weights
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 

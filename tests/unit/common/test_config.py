@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import AgrpoConfig, ConfigError, load_config
-from services.common.config.compat import UNSUPPORTED_DEFAULTS
+from agrpo.services.common.config import AgrpoConfig, ConfigError, load_config
+from agrpo.services.common.config.compat import UNSUPPORTED_DEFAULTS
 
 SIGNATURE = Path(__file__).resolve().parents[2] / "data" / "trl_async_grpo_config_signature.txt"
 
@@ -112,7 +112,7 @@ def test_auto_inflight_formula():
     (["--num_generations", "x"], "num_generations"),
 ])
 def test_cli_bad_config_exits_nonzero_with_one_line(argv, key):
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "trainer", *argv],
+    proc = subprocess.run([sys.executable, "-m", "agrpo.cli", "trainer", *argv],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -120,7 +120,7 @@ def test_cli_bad_config_exits_nonzero_with_one_line(argv, key):
 
 
 def test_cli_help_does_not_import_heavy_modules():
-    code = ("import sys, services.cli as c; c.main(['--help']); "
+    code = ("import sys, agrpo.cli as c; c.main(['--help']); "
             "print(sorted(m for m in ('torch','transformers','datasets','grpc') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().endswith("[]"), out.stdout + out.stderr

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR
 
 _PARENT = textwrap.dedent("""
     import subprocess, sys, time
-    from services.common.lifetime import dying_with_this_process
+    from agrpo.services.common.lifetime import dying_with_this_process
     argv = ["sleep", "60"]
     child = subprocess.Popen(dying_with_this_process(argv) if sys.argv[1] == "guarded" else argv,
                              start_new_session=True)

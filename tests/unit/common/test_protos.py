@@ -64,10 +64,10 @@ def test_status_oneof_round_trip():
 def test_generated_code_matches_protos(tmp_path):
     from gen_protos import generate  # scripts/ is on pytest's pythonpath
     generate(tmp_path)
-    committed = sorted(p.relative_to(ROOT / "gen") for p in (ROOT / "gen").rglob("*.py*"))
+    committed = sorted(p.relative_to(ROOT) for p in (ROOT / "agrpo" / "v1").glob("*.py*"))
     fresh = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.py*"))
-    assert committed == fresh, "gen/ and protos/ list different files: run scripts/gen_protos.py"
-    drifted = [str(p) for p in fresh if not filecmp.cmp(tmp_path / p, ROOT / "gen" / p, shallow=False)]
+    assert committed == fresh, "agrpo/v1/ and protos/ list different files: run scripts/gen_protos.py"
+    drifted = [str(p) for p in fresh if not filecmp.cmp(tmp_path / p, ROOT / p, shallow=False)]
     assert not drifted, f"generated code drifted from protos/: {drifted}; run scripts/gen_protos.py"
 
 

@@ -1,6 +1,6 @@
 """The version rules both trainer and rollout use (services/common/versions.py)."""
 
-from services.common.versions import is_stale, label_to_version, oldest_version
+from agrpo.services.common.versions import is_stale, label_to_version, oldest_version
 
 
 def test_label_to_version():
@@ -24,7 +24,7 @@ def test_oldest_version_ignores_unknown():
 
 
 def test_lineage_after_resumes():
-    from services.common.versions import Lineage, lineage_from_proto, lineage_to_proto
+    from agrpo.services.common.versions import Lineage, lineage_from_proto, lineage_to_proto
 
     plain = Lineage()
     assert plain.distance(7, 5) == 2 and not plain.stale(7, 5, 2) and plain.stale(8, 5, 2)

@@ -47,7 +47,7 @@ def test_variant_refuses_what_is_not_name_and_json_object(text, says):
     ([], {"AGRPO_LERNING_RATE": "1"}, "AGRPO_LERNING_RATE"),
 ])
 def test_a_config_typo_in_any_run_stops_before_the_first_starts(args, env, says, tmp_path, monkeypatch, capsys):
-    from services.demo import runner
+    from agrpo.demo import runner
 
     for key, value in env.items():
         monkeypatch.setenv(key, value)

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from agrpo.v1 import common_pb2
 
-from services.common.config import load_config
-from services.common.vllm_process import (
+from agrpo.services.common.config import load_config
+from agrpo.services.common.vllm_process import (
     NCCL_SAFE_ENV,
     WORKER_EXTENSION,
     GpuProfile,
@@ -20,10 +20,10 @@ from services.common.vllm_process import (
     supports_scale_out,
     vllm_python,
 )
-from services.demo import gpu, report
-from services.demo.cli import parse
-from services.launcher.processes import status_numbers
-from services.demo.runner import write_config
+from agrpo.demo import gpu, report
+from agrpo.demo.cli import parse
+from agrpo.launcher.processes import status_numbers
+from agrpo.demo.runner import write_config
 
 REPO = Path(__file__).resolve().parents[3]
 GPU_ARGS = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "512",
@@ -123,7 +123,7 @@ def test_the_trainer_takes_another_gpu_or_shares_the_only_one(vllm_gpu, count, t
 
 
 def test_one_gpu_demo_shares_it_through_cuda_ipc(tmp_path, monkeypatch):
-    monkeypatch.setattr("services.launcher.gpus.gpu_count", lambda: 1)
+    monkeypatch.setattr("agrpo.launcher.gpus.gpu_count", lambda: 1)
     opts = parse(["--gpu", "--out", str(tmp_path)]).gpu
     assert opts.colocated and opts.trainer_gpu == opts.vllm_gpu == "0"
     assert gpu.service_env("trainer", opts)["CUDA_VISIBLE_DEVICES"] == "0"
@@ -226,8 +226,8 @@ def test_set_overrides_reach_the_config(tmp_path):
 
 
 def test_trainer_gets_its_gpu_and_reads_no_launcher_variable_as_config(tmp_path, monkeypatch):
-    from services.common.config import load_config
-    from services.launcher.processes import ServiceProcess
+    from agrpo.services.common.config import load_config
+    from agrpo.launcher.processes import ServiceProcess
 
     monkeypatch.setenv("AGRPO_VLLM_PYTHON", "python3")  # the demo's; not a config key
     proc = ServiceProcess("trainer", ["true"], tmp_path / "t.log", env=gpu.service_env("trainer", gpu.GpuOptions()))
@@ -237,7 +237,7 @@ def test_trainer_gets_its_gpu_and_reads_no_launcher_variable_as_config(tmp_path,
 
 def test_cpu_demo_with_tools_sends_one_request_per_turn(tmp_path):
     """The demo's one-request-per-group default steps aside for a conversation set by --set."""
-    _, cfg = _config(tmp_path, ["--set", "tools=[services.demo.task:digit_share]"])
+    _, cfg = _config(tmp_path, ["--set", "tools=[agrpo.demo.task:digit_share]"])
     assert cfg.tools and cfg.rollout.one_request_per_group is False
 
 

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from services.demo import report
-from services.demo.task import digit_share, final_answer, write_arithmetic_dataset
+from agrpo.demo import report
+from agrpo.demo.task import digit_share, final_answer, write_arithmetic_dataset
 
 
 def test_digit_share_on_text_and_messages():
@@ -52,7 +52,7 @@ def test_summary_compares_first_and_last_ten_steps(tmp_path):
 
 
 def test_demo_reports_a_config_typo_in_one_line_before_building_anything(tmp_path, monkeypatch, capsys):
-    from services.demo import cli, runner
+    from agrpo.demo import cli, runner
 
     monkeypatch.setenv("AGRPO_MAX_STALENES", "2")
     monkeypatch.setattr(runner, "_model_dir", lambda opts: pytest.fail("the model was built"))

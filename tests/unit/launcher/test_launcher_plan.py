@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import AgrpoConfig
-from services.common.preflight import StartupError
-from services.launcher.gpus import trainer_devices
-from services.launcher.processes import agrpo_argv
-from services.launcher.supervisor import RestartPolicy, Supervised
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.common.preflight import StartupError
+from agrpo.launcher.gpus import trainer_devices
+from agrpo.launcher.processes import agrpo_argv
+from agrpo.launcher.supervisor import RestartPolicy, Supervised
 
 
 def _cfg(ranks: int = 1, **launcher) -> AgrpoConfig:
@@ -44,7 +44,7 @@ def test_trainer_devices_refuses_with_one_line(count, ranks, launcher, says):
 
 def test_service_command_line_pinned_where_asked():
     one = agrpo_argv("trainer", Path("job.yaml"), "--max_steps", "3")
-    assert one == [sys.executable, "-m", "services.cli", "trainer", "--config", "job.yaml", "--max_steps", "3"]
+    assert one == [sys.executable, "-m", "agrpo.cli", "trainer", "--config", "job.yaml", "--max_steps", "3"]
     assert agrpo_argv("trainer", Path("job.yaml"), cpus="1") == ["taskset", "-c", "1", *one[:6]]
 
 
@@ -107,7 +107,7 @@ class _Server:
     ("0", [], "auto", None),                        # vLLM not started by the job: its GPU is unknown
 ])
 def test_the_trainer_transport_follows_where_the_job_put_vllm(tmp_path, gpus, servers, transport, expected):
-    from services.launcher.job import Job, JobOptions
+    from agrpo.launcher.job import Job, JobOptions
 
     cfg = AgrpoConfig.model_validate({"output_dir": str(tmp_path), "vllm_server_base_url": "http://127.0.0.1:8000",
                                       "trainer": {"weight_transport": transport}})

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from services.reward import builtins as b
+from agrpo.services.reward import builtins as b
 
 
 def conv(text: str) -> list[dict[str, str]]:

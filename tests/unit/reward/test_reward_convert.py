@@ -6,8 +6,8 @@ import pytest
 from google.protobuf import struct_pb2
 
 from agrpo.v1 import reward_service_pb2 as pb
-from services.common.errors import InvalidArgument
-from services.reward import convert
+from agrpo.services.common.errors import InvalidArgument
+from agrpo.services.reward import convert
 
 
 def test_values_become_plain_python():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from services.reward import deadline
-from services.reward.results import TimedOut
+from agrpo.services.reward import deadline
+from agrpo.services.reward.results import TimedOut
 
 
 def _sleepy(slow: set[int], fast_s: float = 0.0):

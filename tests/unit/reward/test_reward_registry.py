@@ -10,9 +10,9 @@ import types
 
 import pytest
 
-from services.common.config import AgrpoConfig
-from services.reward import registry as r
-from services.reward.results import Status, combine, per_item
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.reward import registry as r
+from agrpo.services.reward.results import Status, combine, per_item
 
 
 def plain(completions, solution, **kwargs):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from services.reward.registry import coerce_output
-from services.reward.results import Status, TimedOut, combine, per_item, weighted_sum
+from agrpo.services.reward.registry import coerce_output
+from agrpo.services.reward.results import Status, TimedOut, combine, per_item, weighted_sum
 
 
 def test_totals_of_huge_finite_weights_overflow_to_inf_not_an_error():

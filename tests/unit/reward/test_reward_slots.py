@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from services.common.errors import ResourceExhausted
-from services.reward.admission import Admission
+from agrpo.services.common.errors import ResourceExhausted
+from agrpo.services.reward.admission import Admission
 
 
 def test_refused_when_full_and_when_the_deadline_cannot_be_met():

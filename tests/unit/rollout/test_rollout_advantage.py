@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from services.rollout.advantage import group_advantages, group_stats
+from agrpo.services.rollout.advantage import group_advantages, group_stats
 
 
 def test_population_std_and_formula():

@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from services.rollout.balancer import Balancer, GenerationFailed
-from services.rollout.vllm_client import Completion, SamplingConfig, VLLMError
+from agrpo.services.rollout.balancer import Balancer, GenerationFailed
+from agrpo.services.rollout.vllm_client import Completion, SamplingConfig, VLLMError
 
 
 class FakeClient:

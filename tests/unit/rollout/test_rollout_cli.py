@@ -7,7 +7,7 @@ import sys
 
 def _run(*flags):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "services.rollout", "--rollout.port", "0",
+    return subprocess.run([sys.executable, "-m", "agrpo.services.rollout", "--rollout.port", "0",
                            "--rollout.metrics_port", "null", "--log_format", "text", *flags],
                           capture_output=True, text=True, timeout=120, env=env)
 

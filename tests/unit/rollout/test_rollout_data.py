@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from services.common.config.sections import DatasetConfig
-from services.rollout.data import build_prompt_set, load_rows, load_tokenizer
+from agrpo.services.common.config.sections import DatasetConfig
+from agrpo.services.rollout.data import build_prompt_set, load_rows, load_tokenizer
 
 
 @pytest.fixture(scope="module")

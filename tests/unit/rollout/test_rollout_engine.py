@@ -5,15 +5,15 @@ import asyncio
 import pytest
 from rollout_fakes import FakeSender
 
-from services.common.config import AgrpoConfig
-from services.common.preflight import StartupError
-from services.rollout.balancer import GenerationFailed
-from services.rollout.data import Prompt, PromptSet
-from services.rollout.engine import Engine
-from services.rollout.metrics import RolloutMetrics
-from services.rollout.schedule import PromptScheduler
-from services.rollout.scoring import GroupScores
-from services.rollout.vllm_client import Completion, VLLMIncompatible
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.common.preflight import StartupError
+from agrpo.services.rollout.balancer import GenerationFailed
+from agrpo.services.rollout.data import Prompt, PromptSet
+from agrpo.services.rollout.engine import Engine
+from agrpo.services.rollout.metrics import RolloutMetrics
+from agrpo.services.rollout.schedule import PromptScheduler
+from agrpo.services.rollout.scoring import GroupScores
+from agrpo.services.rollout.vllm_client import Completion, VLLMIncompatible
 
 
 class FakeBalancer:

@@ -1,6 +1,6 @@
 """Multi-turn prompts are length-checked with their tool schemas, as the first turn renders them."""
 
-from services.rollout.data import build_prompt_set, render
+from agrpo.services.rollout.data import build_prompt_set, render
 
 
 def test_tool_schemas_count_towards_the_prompt_length(tiny_model_dir):

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from services.rollout.metrics import RateWindow
+from agrpo.services.rollout.metrics import RateWindow
 
 
 def resum(events, now, window_s):

@@ -1,4 +1,4 @@
-from services.rollout.schedule import PromptScheduler
+from agrpo.services.rollout.schedule import PromptScheduler
 
 
 def orders(n):

@@ -8,7 +8,7 @@ import pytest
 
 from agrpo.v1 import reward_service_pb2 as reward_pb
 from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
-from services.rollout.scoring import Scorer, ScoringFailed, build_request
+from agrpo.services.rollout.scoring import Scorer, ScoringFailed, build_request
 
 
 class FakeReward(reward_grpc.RewardServiceServicer):

@@ -5,7 +5,7 @@ import pytest
 
 from agrpo.v1 import common_pb2 as pb
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
-from services.rollout.sender import Sender
+from agrpo.services.rollout.sender import Sender
 
 
 class Hooks:

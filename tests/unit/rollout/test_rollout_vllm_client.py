@@ -4,7 +4,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from services.rollout.vllm_client import (SamplingConfig, VLLMClient, VLLMError, VLLMIncompatible,
+from agrpo.services.rollout.vllm_client import (SamplingConfig, VLLMClient, VLLMError, VLLMIncompatible,
                                           parse_version)
 
 

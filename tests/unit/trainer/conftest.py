@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from services.trainer.sample import Sample
+from agrpo.services.trainer.sample import Sample
 
 
 def _sample(sid: str, group: str, prompt: list[int], completion: list[int], *, key=(0, 0), version=0,

@@ -1,7 +1,7 @@
 """Exactly once per prompt key: the first group in a batch owns the key."""
 
-from services.trainer.ledger import Ledger
-from services.trainer.sample import Sample
+from agrpo.services.trainer.ledger import Ledger
+from agrpo.services.trainer.sample import Sample
 
 
 def _sample(sid: str, group: str, key=(3, 0)) -> Sample:
@@ -35,8 +35,8 @@ def test_same_key_in_another_epoch_is_a_different_prompt():
 
 
 def test_batchers_evict_samples_that_went_stale_in_open_rows():
-    from services.common.versions import is_stale
-    from services.trainer.packing import FixedCountBatcher, TokenBudgetBatcher
+    from agrpo.services.common.versions import is_stale
+    from agrpo.services.trainer.packing import FixedCountBatcher, TokenBudgetBatcher
 
     old, fresh = _sample("o1", "g1"), _sample("f1", "g2", key=(5, 0))
     fresh.policy_version = 3
@@ -62,7 +62,7 @@ def test_released_claim_lets_the_reissue_own_the_key():
 
 
 def test_step_metrics_average_what_rollout_measured():
-    from services.trainer.step_metrics import _sample_metrics
+    from agrpo.services.trainer.step_metrics import _sample_metrics
 
     a, b = _sample("a", "g"), _sample("b", "g")
     a.metrics = {"tools/call_frequency": 1.0, "generation_tok_per_s": 100.0}

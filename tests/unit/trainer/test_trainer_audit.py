@@ -2,10 +2,10 @@
 
 import json
 
-from services.trainer.audit import agrees_with_checkpoint, main, verify
-from services.trainer.checkpoint import STATE_FILE
-from services.trainer.ledger import Ledger
-from services.trainer.state import TrainState
+from agrpo.services.trainer.audit import agrees_with_checkpoint, main, verify
+from agrpo.services.trainer.checkpoint import STATE_FILE
+from agrpo.services.trainer.ledger import Ledger
+from agrpo.services.trainer.state import TrainState
 
 
 def _write(path, records):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.versions import is_stale
-from services.trainer.buffer import SampleBuffer
-from services.trainer.intake import Intake
-from services.trainer.ledger import Ledger
-from services.trainer.sample import Outcome
+from agrpo.services.common.versions import is_stale
+from agrpo.services.trainer.buffer import SampleBuffer
+from agrpo.services.trainer.intake import Intake
+from agrpo.services.trainer.ledger import Ledger
+from agrpo.services.trainer.sample import Outcome
 
 
 def test_staleness_rule(make_sample):

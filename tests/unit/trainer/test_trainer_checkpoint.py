@@ -6,11 +6,11 @@ import random
 
 import torch
 
-from services.common.config import AgrpoConfig
-from services.trainer import checkpoint
-from services.trainer.ledger import Ledger
-from services.trainer.engine_factory import build_engine
-from services.trainer.state import TrainState
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.trainer import checkpoint
+from agrpo.services.trainer.ledger import Ledger
+from agrpo.services.trainer.engine_factory import build_engine
+from agrpo.services.trainer.state import TrainState
 
 
 def test_save_prune_and_restore(tiny_model_dir, tmp_path, make_sample):

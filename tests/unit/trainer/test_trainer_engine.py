@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.common.config import AgrpoConfig
-from services.trainer.packing import TokenBudgetBatcher, iter_batches
-from services.trainer.engine_factory import build_engine
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.trainer.packing import TokenBudgetBatcher, iter_batches
+from agrpo.services.trainer.engine_factory import build_engine
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +54,8 @@ def test_step_lowers_loss_on_fixed_batch(engine, make_groups):
 def test_moe_router_aux_loss_is_added(make_groups):
     from transformers import AutoModelForCausalLM, Qwen2MoeConfig
 
-    from services.trainer.engine import Engine, EngineConfig
-    from services.trainer.loss import LossConfig
+    from agrpo.services.trainer.engine import Engine, EngineConfig
+    from agrpo.services.trainer.loss import LossConfig
 
     torch.manual_seed(0)
     cfg = Qwen2MoeConfig(vocab_size=1024, hidden_size=32, intermediate_size=32, moe_intermediate_size=16,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from services.trainer.loss import (LossConfig, chunked_logprobs, normalised_loss, per_term_loss,
+from agrpo.services.trainer.loss import (LossConfig, chunked_logprobs, normalised_loss, per_term_loss,
                                    policy_stats)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.common.config import AgrpoConfig
-from services.trainer.model import build_optimizer, build_scheduler, load_dtype, warmup_steps
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.trainer.model import build_optimizer, build_scheduler, load_dtype, warmup_steps
 
 
 def _model():

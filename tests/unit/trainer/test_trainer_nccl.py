@@ -7,7 +7,7 @@ import base64
 import pytest
 import torch
 
-from services.trainer.weight_sync.nccl import (NcclProtocol, init_info, manifest, pack_chunk,
+from agrpo.services.trainer.weight_sync.nccl import (NcclProtocol, init_info, manifest, pack_chunk,
                                                packed_chunks, parse_version, update_info)
 
 
@@ -52,7 +52,7 @@ def test_pack_chunk_bytes_roundtrip():
 
 
 def test_auto_rendezvous_is_torch_only_on_every_protocol():
-    from services.trainer.weight_sync.nccl import NcclTransport
+    from agrpo.services.trainer.weight_sync.nccl import NcclTransport
 
     old, new = NcclProtocol.for_version("0.26.0"), NcclProtocol.for_version("0.30.0")
     auto = NcclTransport()

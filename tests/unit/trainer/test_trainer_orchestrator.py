@@ -14,8 +14,8 @@ import json
 import pytest
 from aiohttp import web
 
-from services.trainer.weight_sync import WeightSyncer
-from services.trainer.weight_sync.transports import Prepared
+from agrpo.services.trainer.weight_sync import WeightSyncer
+from agrpo.services.trainer.weight_sync.transports import Prepared
 
 
 class FakeVLLM:
@@ -157,7 +157,7 @@ async def test_phase_order_and_label(servers):
 async def test_cpu_transports_ask_for_the_reload_of_the_config(servers, tmp_path, reload, init_info):
     """trainer.cpu_reload reaches our plugin's cpu_http engine; the default is left unsaid, so a
     plugin from before the option accepts it."""
-    from services.trainer.weight_sync.transports import HttpTransport, SharedPathTransport
+    from agrpo.services.trainer.weight_sync.transports import HttpTransport, SharedPathTransport
 
     for transport in (HttpTransport(reload=reload), SharedPathTransport(tmp_path, reload=reload)):
         a = await servers()

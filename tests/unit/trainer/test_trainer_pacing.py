@@ -1,9 +1,9 @@
 """The pacing rule (services/trainer/pacing.py) and the intake granting by it."""
 
-from services.trainer.buffer import SampleBuffer
-from services.trainer.intake import Intake
-from services.trainer.ledger import Ledger
-from services.trainer.pacing import Pace
+from agrpo.services.trainer.buffer import SampleBuffer
+from agrpo.services.trainer.intake import Intake
+from agrpo.services.trainer.ledger import Ledger
+from agrpo.services.trainer.pacing import Pace
 
 
 def test_window_is_max_staleness_plus_one_versions_of_whole_groups():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.trainer.packing import (FixedCountBatcher, TokenBudgetBatcher, TreeRow, iter_batches,
+from agrpo.services.trainer.packing import (FixedCountBatcher, TokenBudgetBatcher, TreeRow, iter_batches,
                                       make_batcher)
 
 

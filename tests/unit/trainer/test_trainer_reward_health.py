@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from services.common.preflight import StartupError
-from services.trainer.reward_health import RewardHealth
+from agrpo.services.common.preflight import StartupError
+from agrpo.services.trainer.reward_health import RewardHealth
 
 
 def _samples(make_sample, n, bad):

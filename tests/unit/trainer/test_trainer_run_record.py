@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from services.trainer import checkpoint, run_record
+from agrpo.services.trainer import checkpoint, run_record
 
 
 def _ckpt(out, step):

@@ -8,11 +8,11 @@ import math
 import pytest
 from fuzz_samples import FuzzCases, verdict
 
-from services.trainer.buffer import SampleBuffer
-from services.trainer.intake import Intake
-from services.trainer.ledger import Ledger
-from services.trainer.sample import MAX_ID_CHARS, Outcome
-from services.trainer.servicer import sample_from_proto
+from agrpo.services.trainer.buffer import SampleBuffer
+from agrpo.services.trainer.intake import Intake
+from agrpo.services.trainer.ledger import Ledger
+from agrpo.services.trainer.sample import MAX_ID_CHARS, Outcome
+from agrpo.services.trainer.servicer import sample_from_proto
 
 VOCAB = 1024
 

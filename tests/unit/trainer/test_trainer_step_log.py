@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from services.trainer.metrics import StepLogger
+from agrpo.services.trainer.metrics import StepLogger
 
 
 def test_jsonl_and_tensorboard(tmp_path):

@@ -4,9 +4,9 @@ import math
 from collections import Counter
 from types import SimpleNamespace
 
-from services.trainer.ledger import Ledger
-from services.trainer.packing import TokenBudgetBatcher, iter_batches
-from services.trainer.step_metrics import step_metrics
+from agrpo.services.trainer.ledger import Ledger
+from agrpo.services.trainer.packing import TokenBudgetBatcher, iter_batches
+from agrpo.services.trainer.step_metrics import step_metrics
 
 
 def test_collator_and_reward_metrics(make_groups):

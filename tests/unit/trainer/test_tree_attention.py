@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from services.trainer import tree_attention as ta
-from services.trainer.packing import TokenBudgetBatcher, iter_batches, subtree_end
+from agrpo.services.trainer import tree_attention as ta
+from agrpo.services.trainer.packing import TokenBudgetBatcher, iter_batches, subtree_end
 
 
 def _random_forest(n: int, seed: int) -> list[int]:
@@ -74,9 +74,9 @@ def test_block_mask_equals_create_block_mask(seed):
 
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir):
-    from services.common.config import AgrpoConfig
-    from services.trainer.engine import Engine
-    from services.trainer.engine_factory import build_engine
+    from agrpo.services.common.config import AgrpoConfig
+    from agrpo.services.trainer.engine import Engine
+    from agrpo.services.trainer.engine_factory import build_engine
 
     cfg = AgrpoConfig(model=str(tiny_model_dir), temperature=0.9)
     dense, _, _ = build_engine(cfg, str(tiny_model_dir))
@@ -100,7 +100,7 @@ def test_flex_tree_forward_equals_dense_on_cpu(engines, make_groups):
 
 
 def test_attention_choice():
-    from services.trainer.engine import _use_flex
+    from agrpo.services.trainer.engine import _use_flex
 
     assert _use_flex("auto", torch.device("cuda")) and not _use_flex("auto", torch.device("cpu"))
     assert _use_flex("flex", torch.device("cpu")) and not _use_flex("sdpa", torch.device("cuda"))
@@ -111,8 +111,8 @@ def test_attention_choice():
 def test_moe_aux_loss_leaves_the_pads_out(make_groups):
     from transformers import AutoModelForCausalLM, Qwen2MoeConfig
 
-    from services.trainer.engine import Engine, EngineConfig
-    from services.trainer.loss import LossConfig
+    from agrpo.services.trainer.engine import Engine, EngineConfig
+    from agrpo.services.trainer.loss import LossConfig
 
     torch.manual_seed(0)
     cfg = Qwen2MoeConfig(vocab_size=1024, hidden_size=32, intermediate_size=32, moe_intermediate_size=16,

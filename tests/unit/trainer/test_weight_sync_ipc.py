@@ -15,9 +15,9 @@ import torch
 from agrpo_vllm_plugin.ipc import OpenBuffer, rebuild_args, views
 from test_trainer_orchestrator import FakeVLLM
 
-from services.trainer.weight_sync import WeightSyncer, ipc
-from services.trainer.weight_sync.nccl import NcclTransport, manifest
-from services.trainer.weight_sync.transports import Prepared
+from agrpo.services.trainer.weight_sync import WeightSyncer, ipc
+from agrpo.services.trainer.weight_sync.nccl import NcclTransport, manifest
+from agrpo.services.trainer.weight_sync.transports import Prepared
 
 NAMED = [("embed.weight", torch.randn(5, 3, dtype=torch.bfloat16)),
          ("norm.weight", torch.randn(7)),
@@ -124,7 +124,7 @@ async def test_ipc_refuses_a_server_on_another_gpu_in_one_line():
 
 
 async def test_nccl_names_the_ipc_transport_when_vllm_shares_the_gpu(monkeypatch):
-    monkeypatch.setattr("services.trainer.weight_sync.nccl.gpu_uuid", lambda device=None: "GPU-trainer")
+    monkeypatch.setattr("agrpo.services.trainer.weight_sync.nccl.gpu_uuid", lambda device=None: "GPU-trainer")
     worker, (report,) = await _sync("GPU-trainer", NcclTransport(), [1])
     err = report.errors[worker.url]
     assert err.phase == "init" and "trainer.weight_transport: ipc" in err.detail
@@ -132,7 +132,7 @@ async def test_nccl_names_the_ipc_transport_when_vllm_shares_the_gpu(monkeypatch
 
 
 def test_config_refuses_ipc_with_vllms_load_flow():
-    from services.common.config import AgrpoConfig
+    from agrpo.services.common.config import AgrpoConfig
 
     with pytest.raises(ValueError, match="weight_load must be auto or direct"):
         AgrpoConfig.model_validate({"trainer": {"weight_transport": "ipc", "weight_load": "vllm"}})

@@ -5,9 +5,9 @@ import json
 import mt_tools
 import pytest
 
-from services.rollout.multiturn.conversation import TurnLimits, run_conversation
-from services.rollout.multiturn.tools import load_tools, tool_schema
-from services.rollout.vllm_client import Completion
+from agrpo.services.rollout.multiturn.conversation import TurnLimits, run_conversation
+from agrpo.services.rollout.multiturn.tools import load_tools, tool_schema
+from agrpo.services.rollout.vllm_client import Completion
 
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "x"}}\n</tool_call>'
 

@@ -6,13 +6,13 @@ import asyncio
 import pytest
 from rollout_fakes import FakeSender
 
-from services.common.config import AgrpoConfig
-from services.rollout.data import Prompt, PromptSet
-from services.rollout.engine import Engine
-from services.rollout.metrics import RolloutMetrics
-from services.rollout.schedule import PromptScheduler
-from services.rollout.scoring import GroupScores
-from services.rollout.vllm_client import Completion
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.rollout.data import Prompt, PromptSet
+from agrpo.services.rollout.engine import Engine
+from agrpo.services.rollout.metrics import RolloutMetrics
+from agrpo.services.rollout.schedule import PromptScheduler
+from agrpo.services.rollout.scoring import GroupScores
+from agrpo.services.rollout.vllm_client import Completion
 
 CALL = '<tool_call>\n{"name": "increment", "arguments": {"by": 3}}\n</tool_call>'
 

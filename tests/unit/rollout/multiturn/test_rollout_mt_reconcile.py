@@ -3,7 +3,7 @@ large drift then a short next turn, max_iters=0 (a single turn)."""
 
 import pytest
 
-from services.rollout.multiturn.reconcile import CLEAN, FORK, REALIGN, Reconciler, reconcile
+from agrpo.services.rollout.multiturn.reconcile import CLEAN, FORK, REALIGN, Reconciler, reconcile
 
 P = [1, 2, 3]          # initial prompt
 A1 = [10, 11, 12]      # first answer

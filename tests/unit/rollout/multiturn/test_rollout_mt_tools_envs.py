@@ -6,15 +6,15 @@ import json
 import mt_tools
 import pytest
 
-from services.rollout.multiturn import environments as envs
-from services.rollout.multiturn.tools import (ToolCall, execute, load_callable, load_tools,
+from agrpo.services.rollout.multiturn import environments as envs
+from agrpo.services.rollout.multiturn.tools import (ToolCall, execute, load_callable, load_tools,
                                               parse_tool_text)
 
 
 def test_load_tools_and_schema():
     tools = load_tools(["mt_tools:lookup", "mt_tools:async_double"])
     assert set(tools) == {"lookup", "async_double"}
-    from services.rollout.multiturn.tools import tool_schema
+    from agrpo.services.rollout.multiturn.tools import tool_schema
     schema = tool_schema(tools["lookup"])
     assert schema["function"]["name"] == "lookup"
     assert schema["function"]["parameters"]["properties"]["key"]["type"] == "string"
@@ -95,7 +95,7 @@ def test_env_without_reset_is_rejected():
 
 
 def test_transformers_response_schema_is_used_when_declared():
-    from services.rollout.multiturn.tools import parse_response
+    from agrpo.services.rollout.multiturn.tools import parse_response
 
     class SchemaTok:
         response_schema = {"type": "object"}
