@@ -20,6 +20,7 @@ COMMANDS = {
 }
 
 USAGE = """usage: agrpo <command> [--config FILE] [--key value ...]
+       agrpo --version
 
 commands:
 {commands}
@@ -40,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from agrpo import __version__
+
+        print(f"agrpo {__version__}")
         return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
