@@ -30,8 +30,6 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 def _vals(rows: list[dict], key: str) -> list[float]:
     return [float(r[key]) if isinstance(r.get(key), (int, float)) else 0.0 for r in rows]
@@ -60,7 +58,7 @@ def run_numbers(summary: dict, rows: list[dict], warmup: int, group_size: int, g
     span = steady[-1]["time"] - rows[warmup - 1]["time"] if warmup > 0 else steady[-1]["time"] - steady[0]["time"]
     step_s = span / max(len(steady), 1)
     wait = statistics.fmean(_vals(steady, "perf/wait_s"))
-    from services.demo.report import stale_share
+    from agrpo.demo.report import stale_share
 
     stale, share = stale_share(summary, group_size)
     generated = summary.get("samples_generated", 0)
@@ -79,8 +77,8 @@ def run_numbers(summary: dict, rows: list[dict], warmup: int, group_size: int, g
 
 def demo_options(label: str, schedule: str, staleness: int, seed: int, a, variant: dict | None = None):
     """The demo of run `label`_seed`seed`: sync, async, or async with a variant's extra config."""
-    from services.common.config.loader import merge
-    from services.demo import runner
+    from agrpo.services.common.config.loader import merge
+    from agrpo.demo import runner
 
     overrides = {"token_budget": 0, "seed": seed}
     for extra in (a.set or {}, variant or {}):
@@ -93,7 +91,7 @@ def demo_options(label: str, schedule: str, staleness: int, seed: int, a, varian
 
 def run_one(label: str, schedule: str, staleness: int, seed: int, a, variant: dict | None = None) -> dict:
     """One demo run and its numbers."""
-    from services.demo import report, runner
+    from agrpo.demo import report, runner
 
     name, opts = f"{label}_seed{seed}", demo_options(label, schedule, staleness, seed, a, variant)
     print(f"[bench] {name}: schedule={schedule} max_staleness={staleness} seed={seed}", flush=True)
@@ -172,7 +170,7 @@ def plot(results: list[dict], out: Path) -> Path | None:
         import matplotlib
     except ImportError:
         return None
-    from services.demo import report
+    from agrpo.demo import report
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -224,7 +222,7 @@ def pin_spec(text: str) -> dict[str, str]:
     every key one of PIN_KEYS and every core one this process may use."""
     import os
 
-    from services.common.affinity import cores
+    from agrpo.services.common.affinity import cores
 
     usable, out = os.sched_getaffinity(0), {}
     for item in text.split(","):
@@ -283,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.steps <= a.warmup:
         p.error(f"--steps {a.steps} leaves nothing to time after --warmup {a.warmup}")
-    from services.common.config import ConfigError
-    from services.demo import runner
+    from agrpo.services.common.config import ConfigError
+    from agrpo.demo import runner
 
     results: list[dict] = []
     plan = run_plan([int(x) for x in a.seeds.split(",")], [int(x) for x in a.staleness.split(",") if x], a.variant)

@@ -9,7 +9,7 @@ model's own, plus noise). It is packed by the trainer's planner into one micro-b
 of one prefix-tree row per rank. Rank 0 first trains a reference copy alone through
 the trainer's `Engine` (every row; fp32, TF32 off unless --autocast; AdamW, clipping
 at 1.0); then every rank trains the same start weights through the same `Engine`
-sharded by `services.trainer.fsdp.shard_model` (each decoder layer + the root), on its
+sharded by `agrpo.services.trainer.fsdp.shard_model` (each decoder layer + the root), on its
 own row. Afterwards the weights are gathered as a sync sends them (bf16, HF names):
 per parameter with `full_tensor()` (gather_bf16_ms, the old way) and one all-gather
 per FSDP unit (`full_weights_for_sync`, gather_units_bf16_ms); rank 0 compares the
@@ -34,7 +34,7 @@ if ROOT not in sys.path:
 
 def make_samples(n: int, group: int, prompt: int, completion: int, vocab: int, seed: int = 0):
     """n samples in groups of `group` sharing a prompt; placeholder behaviour logprobs."""
-    from services.trainer.sample import Sample
+    from agrpo.services.trainer.sample import Sample
 
     rng = random.Random(seed)
     out = []
@@ -50,7 +50,7 @@ def make_samples(n: int, group: int, prompt: int, completion: int, vocab: int, s
 
 def micro_batch(samples, world: int):
     """One micro-batch, one row per rank (groups kept whole, balanced by attention load)."""
-    from services.trainer.packing import FixedCountBatcher, iter_batches
+    from agrpo.services.trainer.packing import FixedCountBatcher, iter_batches
 
     batches = list(iter_batches(FixedCountBatcher(world, len(samples) // world), samples))
     assert len(batches) == 1, len(batches)
@@ -72,8 +72,8 @@ def make_engine(model, lr: float, autocast):
     """The trainer's Engine over a model or a sharded root (AdamW over its parameters)."""
     import torch
 
-    from services.trainer.engine import Engine, EngineConfig
-    from services.trainer.loss import LossConfig
+    from agrpo.services.trainer.engine import Engine, EngineConfig
+    from agrpo.services.trainer.loss import LossConfig
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
@@ -92,7 +92,7 @@ def timed_steps(engine, mb, steps: int, sync) -> tuple[list[float], list[dict]]:
 
 
 def timed_gather(root, dtype, reps: int, sync, **kw):
-    from services.trainer.fsdp import full_weights_for_sync
+    from agrpo.services.trainer.fsdp import full_weights_for_sync
 
     times, out = [], None
     for _ in range(reps):
@@ -167,7 +167,7 @@ def main() -> int:
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from services.trainer.fsdp import full_weights_for_sync, shard_model
+    from agrpo.services.trainer.fsdp import full_weights_for_sync, shard_model
 
     dev, sync, gpu = setup(a)
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -44,8 +44,8 @@ def sample(url: str, served: str, prompt: list[int], n: int, max_tokens: int, te
 
 def group_row(prompt: list[int], completions, gid: int):
     """One prefix-tree row of a group, as the trainer packs it; old_logprobs are vLLM's."""
-    from services.trainer.packing import TreeRow
-    from services.trainer.sample import Sample
+    from agrpo.services.trainer.packing import TreeRow
+    from agrpo.services.trainer.sample import Sample
 
     row = TreeRow()
     for i, (ids, logps) in enumerate(completions):
@@ -76,8 +76,8 @@ def mismatch(engine, rows, temperature: float, fp32_head: bool) -> dict:
 
 
 def build(model: str, tokenizer: str):
-    from services.common.config import AgrpoConfig
-    from services.trainer.engine_factory import build_engine
+    from agrpo.services.common.config import AgrpoConfig
+    from agrpo.services.trainer.engine_factory import build_engine
 
     cfg = AgrpoConfig(model=model, tokenizer=tokenizer, bf16=True, dtype="float32", gradient_checkpointing=False,
                       trainer={"compile": False})

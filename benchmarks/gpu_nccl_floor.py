@@ -64,7 +64,7 @@ def run_preset(preset: str, rank: int, reps: int, warmup: int, barrier) -> dict:
     shapes = shapes_for(preset)
     sizes = [2 * int(torch.Size(s).numel()) for _, s in shapes]  # bf16
     sys.path.insert(0, str(HERE.parent))
-    from services.trainer.weight_sync.nccl import packed_chunks  # the trainer's own bucket rule
+    from agrpo.services.trainer.weight_sync.nccl import packed_chunks  # the trainer's own bucket rule
 
     plan = packed_chunks(sizes, BUFFER)
     bufs = [torch.empty(sum(sizes[i] for i in idx), dtype=torch.uint8, device="cuda") for idx in plan]

@@ -57,7 +57,7 @@ PEAK = 989e12
 
 
 def make_samples(groups: int, size: int, prompt: int, completion: int, vocab: int, seed: int = 0):
-    from services.trainer.sample import Sample
+    from agrpo.services.trainer.sample import Sample
 
     rng = random.Random(seed)
     out = []
@@ -73,7 +73,7 @@ def make_samples(groups: int, size: int, prompt: int, completion: int, vocab: in
 
 
 def tree_rows(samples, per_row: int):
-    from services.trainer.packing import TreeRow
+    from agrpo.services.trainer.packing import TreeRow
 
     rows = []
     for k in range(0, len(samples), per_row):
@@ -163,8 +163,8 @@ def build(model_path: str, gc: bool, device: str = "cuda", attention: str = "aut
           compile_head: bool = True):
     import torch
 
-    from services.trainer.engine import Engine, EngineConfig
-    from services.trainer.loss import LossConfig
+    from agrpo.services.trainer.engine import Engine, EngineConfig
+    from agrpo.services.trainer.loss import LossConfig
 
     model = load_model(model_path, device)
     model.config.use_cache = False
@@ -237,7 +237,7 @@ def mask_ms(row) -> float:
     """Median ms to build one row's BlockMask (padding and host->device copy included)."""
     import torch
 
-    from services.trainer import tree_attention as ta
+    from agrpo.services.trainer import tree_attention as ta
 
     times = []
     for _ in range(10):
@@ -309,7 +309,7 @@ def run(a, emit) -> None:
 
 
 def _mb(rows):
-    from services.trainer.packing import MicroBatch
+    from agrpo.services.trainer.packing import MicroBatch
 
     return MicroBatch(rows=rows, num_terms=sum(r.num_terms for r in rows))
 

@@ -48,8 +48,8 @@ def one_mode(a) -> dict:
     import torch
 
     from benchmarks.gpu_train_throughput import _mb, make_samples, tree_rows
-    from services.common.config import AgrpoConfig
-    from services.trainer import ranks
+    from agrpo.services.common.config import AgrpoConfig
+    from agrpo.services.trainer import ranks
 
     over = MODES[a.mode]
     cfg = AgrpoConfig(model=a.model, tokenizer=a.tokenizer, dtype=over["dtype"], gradient_checkpointing=True,

@@ -68,8 +68,8 @@ def import_weight_sync(ws: str | None):
         import weight_sync as pkg
         from weight_sync import nccl, transports
     else:
-        from services.trainer import weight_sync as pkg
-        from services.trainer.weight_sync import nccl, transports
+        from agrpo.services.trainer import weight_sync as pkg
+        from agrpo.services.trainer.weight_sync import nccl, transports
     return pkg, nccl, transports
 
 
@@ -82,7 +82,7 @@ def ours_rounds(ws, model, url: str, rendezvous: str, rounds: int, first_version
 
     async def go():
         if rendezvous == "ipc":
-            from services.trainer.weight_sync.ipc import IpcTransport
+            from agrpo.services.trainer.weight_sync.ipc import IpcTransport
             transport = IpcTransport()
         else:
             transport = nccl.NcclTransport(rendezvous=rendezvous, timeout=180)

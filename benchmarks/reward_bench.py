@@ -47,7 +47,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from agrpo.v1 import reward_service_pb2 as pb  # noqa: E402
@@ -55,9 +54,9 @@ from agrpo.v1 import reward_service_pb2_grpc as reward_grpc  # noqa: E402
 from google.protobuf import struct_pb2  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
-from services.common.affinity import cores, pin_threads  # noqa: E402
-from services.common.channels import open_channel  # noqa: E402
-from services.reward.builtins import Accuracy  # noqa: E402
+from agrpo.services.common.affinity import cores, pin_threads  # noqa: E402
+from agrpo.services.common.channels import open_channel  # noqa: E402
+from agrpo.services.reward.builtins import Accuracy  # noqa: E402
 
 SERVICE = "agrpo.v1.RewardService"
 NAMES = ["Natalia", "Weng", "Betty", "Julie", "James", "Mark", "Albert", "Ken"]
@@ -135,7 +134,7 @@ def start_server(workers: int, max_queue: int | None = 1024, cpus: str | None = 
     queue = ["--reward.max_queue", str(max_queue)] if max_queue else []
     pin = ["taskset", "-c", cpus] if cpus else []
     proc = subprocess.Popen(
-        [*pin, sys.executable, "-m", "services.cli", "reward", "--reward.port", str(port),
+        [*pin, sys.executable, "-m", "agrpo.cli", "reward", "--reward.port", str(port),
          "--reward.metrics_port", "null", "--reward.num_workers", str(workers), *queue,
          "--reward_funcs", json.dumps([{"name": "accuracy"}])],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -43,7 +43,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "support")]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "support")]
 REWARD_FUNCS = [{"name": "rollout_test_rewards:distinct_tokens_reward"}]
 PATHS = ("raw", "service", "raw_group", "service_group")
 
@@ -54,7 +54,7 @@ def filler_words(tokenizer) -> list[str]:
     vocab = tokenizer.get_vocab()
     if "w4" in vocab:
         return [f"w{i}" for i in range(4, min(len(vocab), 1000)) if f"w{i}" in vocab]
-    from services.common.tiny_model import WORDS
+    from agrpo.services.common.tiny_model import WORDS
 
     return list(WORDS)
 
@@ -62,7 +62,7 @@ def filler_words(tokenizer) -> list[str]:
 def padded_prompts(n: int, prompt_tokens: int, tokenizer, conversational: bool, salt: int = 0) -> list:
     """n prompts of about `prompt_tokens` tokens (0: short questions), padded with filler words;
     another `salt` gives other words (no prefix-cache hits across runs)."""
-    from services.rollout.data import render
+    from agrpo.services.rollout.data import render
 
     words = filler_words(tokenizer)
 
@@ -171,7 +171,7 @@ async def raw_client(url: str, model: str, prompt_ids: list[list[int]], args, in
     """`inflight` completions at a time, `n` per request (1, or a whole group)."""
     import aiohttp
 
-    from services.rollout.vllm_client import SamplingConfig
+    from agrpo.services.rollout.vllm_client import SamplingConfig
 
     params = {**SamplingConfig(args.max_tokens, top_k=0, n=n).params(), "logprobs": 0}
     jobs = [(f"raw-{p}-{g}", ids) for p, ids in enumerate(prompt_ids) for g in range(args.G // n)]
@@ -207,7 +207,7 @@ async def raw_client(url: str, model: str, prompt_ids: list[list[int]], args, in
 
 def service_config(url: str, args, data: Path, inflight: int, ports: tuple[int, int], grouped: bool = False):
     """Nothing caps the requests in flight below `inflight`: slots, credits, connector."""
-    from services.common.config import AgrpoConfig
+    from agrpo.services.common.config import AgrpoConfig
 
     capacity = max(4096, 4 * inflight)
     return AgrpoConfig.model_validate({
@@ -222,7 +222,7 @@ def service_config(url: str, args, data: Path, inflight: int, ports: tuple[int, 
 
 async def through_service(url: str, args, data: Path, num_prompts: int, inflight: int, peers,
                           grouped: bool = False) -> dict:
-    from services.rollout.server import build as build_rollout
+    from agrpo.services.rollout.server import build as build_rollout
 
     ports = await peers.new_trainer(max(4096, 4 * inflight))
     svc = await build_rollout(service_config(url, args, data, inflight, ports, grouped))
@@ -262,8 +262,8 @@ class InprocPeers:
     """Reward service and FakeTrainer in this process (the old benchmark's set-up)."""
 
     async def start(self) -> InprocPeers:
-        from services.common.config import AgrpoConfig
-        from services.reward.server import build as build_reward
+        from agrpo.services.common.config import AgrpoConfig
+        from agrpo.services.reward.server import build as build_reward
 
         self.reward = await build_reward(AgrpoConfig.model_validate(
             {"reward": {"port": 0, "metrics_port": None, "num_workers": 1}, "reward_funcs": REWARD_FUNCS}))
@@ -316,7 +316,7 @@ class ProcessPeers:
 
 async def serve_peers(cpus: str) -> None:
     """Child side of ProcessPeers: one line "capacity" in -> a fresh trainer, ports out."""
-    from services.common.logging import setup_logging
+    from agrpo.services.common.logging import setup_logging
 
     if cpus:  # before the reward workers start: they inherit it
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
@@ -371,8 +371,8 @@ async def server_model(url: str) -> tuple[str, int]:
 
 
 def build_workload(args, n: int, tokenizer, max_model_len: int, salt: int) -> tuple[Path, list[list[int]]]:
-    from services.common.config.sections import DatasetConfig
-    from services.rollout.data import build_prompt_set, load_rows
+    from agrpo.services.common.config.sections import DatasetConfig
+    from agrpo.services.rollout.data import build_prompt_set, load_rows
 
     prompts = padded_prompts(n, args.prompt_tokens, tokenizer, bool(tokenizer.chat_template), salt)
     data = write_dataset(Path(tempfile.mkdtemp()) / f"d{n}.jsonl", prompts)
@@ -385,7 +385,7 @@ def build_workload(args, n: int, tokenizer, max_model_len: int, salt: int) -> tu
 
 
 async def sweep(url: str, args) -> list[dict]:
-    from services.rollout.data import load_tokenizer
+    from agrpo.services.rollout.data import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer or args.model_dir)
     model, max_model_len = await server_model(url)
@@ -440,13 +440,13 @@ async def main() -> None:
     args = parse_args()
     if args.serve_peers:
         return await serve_peers(args.peers_cpus)
-    from services.common.logging import setup_logging
+    from agrpo.services.common.logging import setup_logging
 
     setup_logging("bench", "text", "warning")
     server = None
     url = args.vllm_url
     if url is None:
-        from services.common.tiny_model import make_tiny_model
+        from agrpo.services.common.tiny_model import make_tiny_model
         from vllm_server import VLLMServer
 
         args.model_dir = str(make_tiny_model(ROOT / ".cache" / "tiny-model" / "seed0", seed=0))

@@ -19,7 +19,6 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 PHASES = ("prepare", "pause", "start", "update", "finish", "resume", "total")
@@ -28,8 +27,8 @@ PHASES = ("prepare", "pause", "start", "update", "finish", "resume", "total")
 async def bench(url: str, model_dir: str, rounds: int) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
-    from services.trainer.weight_sync import WeightSyncer
-    from services.trainer.weight_sync.transports import HttpTransport, SharedPathTransport, named_weights
+    from agrpo.services.trainer.weight_sync import WeightSyncer
+    from agrpo.services.trainer.weight_sync.transports import HttpTransport, SharedPathTransport, named_weights
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -57,7 +56,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--url", default=None)
     args = p.parse_args()
-    from services.common.tiny_model import make_tiny_model
+    from agrpo.services.common.tiny_model import make_tiny_model
 
     model_dir = str(make_tiny_model(ROOT / ".cache/tiny-model/seed0", seed=0))
     server = None

@@ -13,16 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def make_samples(groups: int, size: int, prompt_len: int, completion_len: int, seed: int = 0):
-    from services.trainer.sample import Sample
+    from agrpo.services.trainer.sample import Sample
 
     rng = random.Random(seed)
     out = []
@@ -40,9 +38,9 @@ def make_samples(groups: int, size: int, prompt_len: int, completion_len: int, s
 def run(tree: bool, args, model_dir: str) -> dict:
     import torch
 
-    from services.common.config import AgrpoConfig
-    from services.trainer.packing import TokenBudgetBatcher, iter_batches
-    from services.trainer.engine_factory import build_engine
+    from agrpo.services.common.config import AgrpoConfig
+    from agrpo.services.trainer.packing import TokenBudgetBatcher, iter_batches
+    from agrpo.services.trainer.engine_factory import build_engine
 
     cfg = AgrpoConfig(model=model_dir, gradient_checkpointing=args.gc)
     engine, _, _ = build_engine(cfg, model_dir)
@@ -72,7 +70,7 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--gc", action="store_true", help="gradient checkpointing on (the default config)")
     args = p.parse_args()
-    from services.common.tiny_model import make_tiny_model
+    from agrpo.services.common.tiny_model import make_tiny_model
 
     model_dir = str(make_tiny_model(Path(".cache/tiny-model/seed0"), seed=0))
     rows = [run(True, args, model_dir), run(False, args, model_dir)]

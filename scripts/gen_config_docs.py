@@ -12,8 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from services.common.config import AgrpoConfig
-from services.common.config.compat import UNSUPPORTED_DEFAULTS
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.common.config.compat import UNSUPPORTED_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "config.md"

@@ -1,8 +1,8 @@
-"""Generate the Python protobuf/gRPC code in gen/ from protos/.
+"""Generate the Python protobuf/gRPC code in agrpo/v1/ from protos/.
 
-Run: python scripts/gen_protos.py [--out DIR]
+Run: python scripts/gen_protos.py [--out DIR]   (DIR/agrpo/v1/; default: the repository)
 The generated code is committed; tests/unit/common/test_protos.py regenerates it
-into a temporary folder and fails when it differs from gen/.
+into a temporary folder and fails when it differs from agrpo/v1/.
 """
 
 from __future__ import annotations
@@ -13,19 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTO_ROOT = ROOT / "protos"
-# agrpo/__init__.py: the Python API, imported lazily so the generated stubs stay light.
-TOP_INIT = '''"""agrpo: `from agrpo import AsyncGRPOTrainer, AsyncGRPOConfig` (services/api); the protobuf
-contract of the services is `agrpo.v1`, generated from protos/ by scripts/gen_protos.py."""
-
-__all__ = ["AsyncGRPOConfig", "AsyncGRPOTrainer"]
-
-
-def __getattr__(name):
-    if name in __all__:
-        from services import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'agrpo' has no attribute {name!r}")
+V1_INIT = '''"""agrpo.v1: the services' protobuf contract, generated from protos/agrpo/v1/ (do not edit)."""
 '''
 
 
@@ -41,15 +29,13 @@ def generate(out: Path) -> list[Path]:
             f"--pyi_out={out}", f"--grpc_python_out={out}", *protos]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
-    for pkg in {p.parent for p in out.rglob("*_pb2.py")}:
-        (pkg / "__init__.py").touch()
-    (out / "agrpo" / "__init__.py").write_text(TOP_INIT)
-    return sorted(out.rglob("*.py*"))
+    (out / "agrpo" / "v1" / "__init__.py").write_text(V1_INIT)
+    return sorted((out / "agrpo" / "v1").glob("*.py*"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "gen")
+    parser.add_argument("--out", type=Path, default=ROOT)
     files = generate(parser.parse_args().out)
     print(f"wrote {len(files)} files", file=sys.stderr)
 

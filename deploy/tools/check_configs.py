@@ -21,9 +21,8 @@ from urllib.parse import urlparse
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from services.common.config import ConfigError, load_config  # noqa: E402
+from agrpo.services.common.config import ConfigError, load_config  # noqa: E402
 
 SERVICES = ("trainer", "rollout", "reward")
 IN_CONTAINER = "/etc/agrpo/agrpo.yaml"

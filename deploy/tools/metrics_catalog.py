@@ -16,9 +16,9 @@ from prometheus_client.metrics import MetricWrapperBase
 
 # (module, class) of each service's metrics; the class is built with no arguments.
 SERVICE_METRICS = (
-    ("trainer", "services.trainer.metrics", "TrainerMetrics"),
-    ("rollout", "services.rollout.metrics", "RolloutMetrics"),
-    ("reward", "services.reward.metrics", "RewardMetrics"),
+    ("trainer", "agrpo.services.trainer.metrics", "TrainerMetrics"),
+    ("rollout", "agrpo.services.rollout.metrics", "RolloutMetrics"),
+    ("reward", "agrpo.services.reward.metrics", "RewardMetrics"),
 )
 
 # vLLM's own /metrics (same port as its API) that the dashboard reads.

@@ -28,7 +28,7 @@ from calculator import calculator, correct_answer, make_rows  # noqa: E402
 
 def forced_generate(client, tok, forced_text: str | None, sampling_cls, temperature: float):
     """First turn optionally starts with forced_text (mask 0); then vLLM samples."""
-    from services.rollout.vllm_client import Completion
+    from agrpo.services.rollout.vllm_client import Completion
 
     forced = tok(forced_text, add_special_tokens=False)["input_ids"] if forced_text else []
 
@@ -49,10 +49,10 @@ async def demo(url: str, model_dir: str, args) -> dict:
     import aiohttp
     from transformers import AutoTokenizer
 
-    from services.rollout.engine import label_version
-    from services.rollout.multiturn.conversation import TurnLimits, run_conversation
-    from services.rollout.multiturn.tools import load_tools, tool_schema
-    from services.rollout.vllm_client import SamplingConfig, VLLMClient
+    from agrpo.services.rollout.engine import label_version
+    from agrpo.services.rollout.multiturn.conversation import TurnLimits, run_conversation
+    from agrpo.services.rollout.multiturn.tools import load_tools, tool_schema
+    from agrpo.services.rollout.vllm_client import SamplingConfig, VLLMClient
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tools = load_tools(["calculator:calculator"])
@@ -101,12 +101,12 @@ def main() -> int:
             for r in make_rows(args.prompts, args.seed):
                 f.write(json.dumps(r) + "\n")
         return 0
-    from services.common.tiny_model import make_tiny_model
+    from agrpo.services.common.tiny_model import make_tiny_model
 
     model_dir = str(make_tiny_model(Path(args.model_dir)))
     server = None
     if not args.vllm_url:
-        from services.common.vllm_process import VLLMServer
+        from agrpo.services.common.vllm_process import VLLMServer
         server = VLLMServer(model_dir).start()
     try:
         out = asyncio.run(demo(args.vllm_url or server.base_url, model_dir, args))

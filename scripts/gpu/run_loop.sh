@@ -5,7 +5,7 @@
 #   bash scripts/gpu/run_loop.sh
 # 1. record GPUs/versions; extract vLLM into /tmp/site; pip-install .whl/*.whl there (offline)
 # 2. preflight imports (grpc/protobuf/datasets/our stubs, the vLLM worker extension)
-# 3. python3 -m services.cli demo --gpu --steps $STEPS under a timeout; stop anything left over
+# 3. python3 -m agrpo.cli demo --gpu --steps $STEPS under a timeout; stop anything left over
 # Knobs: STEPS=40  DEMO_TIMEOUT=430 (s, whole demo incl. vLLM start)  DEMO_ARGS="--max-staleness 1 ..."
 #   WORKER_EXT=auto|none|<class>  (auto: the lead's agrpo_vllm_plugin.worker extension when that
 #   file exists, else none)  SITE=/tmp/site  RUN_DIR=/tmp/loop  WHL=.whl  ARCHIVE=<the sm90 archive>
@@ -60,7 +60,7 @@ import sys, importlib.metadata as md
 site = sys.argv[1]
 import google.protobuf, grpc, grpc_health.v1.health_pb2, grpc_reflection, datasets, pydantic, yaml
 from agrpo.v1 import common_pb2, trainer_service_pb2_grpc  # noqa: F401  (gencode checks protobuf)
-import services.demo.runner, services.trainer.server, services.rollout.server, services.reward.server  # noqa
+import agrpo.demo.runner, agrpo.services.trainer.server, agrpo.services.rollout.server, agrpo.services.reward.server  # noqa
 print("preflight ok: grpcio", grpc.__version__, "| protobuf", google.protobuf.__version__,
       "| datasets", datasets.__version__, "| pydantic", pydantic.VERSION, "| pyarrow", md.version("pyarrow"),
       "| fsspec", md.version("fsspec"))
@@ -69,8 +69,8 @@ for mod in (google.protobuf, grpc, datasets, pydantic):
         sys.exit(f"{mod.__name__} comes from {mod.__file__}, not {site}")
 # what rollout does first: the image's pyarrow/fsspec must suit datasets at run time, not only at import
 import json, tempfile
-from services.common.config.sections import DatasetConfig
-from services.rollout.data import load_rows
+from agrpo.services.common.config.sections import DatasetConfig
+from agrpo.services.rollout.data import load_rows
 with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
     f.write(json.dumps({"prompt": [{"role": "user", "content": "1 + 1?"}], "solution": "2"}) + "\n")
 rows = load_rows(DatasetConfig(path="json", data_files=f.name))
@@ -95,7 +95,7 @@ nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,
 SMI=$!
 say "demo --gpu --steps $STEPS (timeout ${DEMO_TIMEOUT}s) ${DEMO_ARGS:-}"
 # shellcheck disable=SC2086
-AGRPO_VLLM_PYTHON=$VLLM_PY timeout -k 45 "$DEMO_TIMEOUT" python3 -m services.cli demo --gpu --steps "$STEPS" --out "$RUN_DIR" \
+AGRPO_VLLM_PYTHON=$VLLM_PY timeout -k 45 "$DEMO_TIMEOUT" python3 -m agrpo.cli demo --gpu --steps "$STEPS" --out "$RUN_DIR" \
   --cache /tmp/agrpo-cache --timeout $((DEMO_TIMEOUT > 210 ? DEMO_TIMEOUT - 150 : DEMO_TIMEOUT)) "${EXT_ARGS[@]}" ${DEMO_ARGS:-}
 RC=$?
 kill "$SMI" 2>/dev/null

@@ -1,0 +1,213 @@
+"""Batched sampling on a copy of the trainer's model, with exact per-token policy versions.
+
+Requests that arrive together are decoded together: their prompts are left-padded and
+prefilled once each (a request's `n` completions share its prompt's KV, as vLLM's parallel
+sampling does), then every sequence advances one token per step until it samples a stop
+token, reaches max_tokens or max_model_len, or its request is aborted. Sequences that finished
+leave the batch. Each token is labelled with the weight version it was sampled under: `load`
+copies a published version's weights in between two decode steps, so a version can change
+mid-completion (the KV of earlier tokens is kept, as vLLM's in-flight update without recompute
+does) and the completion then carries two spans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import SamplingParams, processed_logprobs, sample
+
+GATHER_S = 0.002
+"""How long the first request of a batch waits for others sent with it (a group's, a step's)."""
+PRUNE_SHARE = 0.25
+"""Finished sequences leave the batch (their KV is dropped) once they are this share of it."""
+
+
+@dataclass
+class Request:
+    """One generate request: a prompt and its `n` completions."""
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    future: asyncio.Future | None = None
+    aborted: bool = False
+
+
+@dataclass
+class Choice:
+    """One completion, as vLLM's /inference/v1/generate returns it."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def spans(self) -> list[tuple[str, int, int]]:
+        """(label, start, end) runs of the tokens' weight versions."""
+        out: list[tuple[str, int, int]] = []
+        for i, label in enumerate(self.labels):
+            if out and out[-1][0] == label:
+                out[-1] = (label, out[-1][1], i + 1)
+            else:
+                out.append((label, i, i + 1))
+        return out
+
+
+class Generator:
+    """Decodes batches of requests on its own copy of a causal LM (blocking calls run in a thread)."""
+
+    def __init__(self, model: torch.nn.Module, stop_ids: set[int], max_model_len: int, seed: int = 0,
+                 max_sequences: int = 512) -> None:
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.stop_ids = set(stop_ids)
+        self.max_model_len = max_model_len
+        self.max_sequences = max_sequences
+        self.label = "default"
+        self._lock = threading.Lock()  # one decode step or one weight load at a time
+        self._rng = torch.Generator().manual_seed(seed)
+        self._queue: asyncio.Queue[Request] = asyncio.Queue()
+        self._pending: dict[str, Request] = {}
+
+    # Weights
+    def load(self, source: torch.nn.Module, label: str) -> None:
+        """Copy `source`'s parameters and buffers in, between two decode steps; tokens sampled
+        from now on carry `label`."""
+        with self._lock, torch.no_grad():
+            for mine, theirs in zip(self.model.parameters(), source.parameters(), strict=True):
+                mine.copy_(theirs)
+            self.label = label
+
+    # Requests
+    async def submit(self, request: Request) -> list[Choice]:
+        """Queue a request; its completions once its batch is done (CancelledError if aborted)."""
+        request.future = asyncio.get_running_loop().create_future()
+        self._pending[request.request_id] = request
+        await self._queue.put(request)
+        try:
+            return await request.future
+        finally:
+            self._pending.pop(request.request_id, None)
+
+    def abort(self, request_ids: list[str]) -> int:
+        """Stop these requests where they are; returns how many were pending."""
+        found = 0
+        for rid in request_ids:
+            request = self._pending.get(rid)
+            if request is not None:
+                request.aborted = True
+                found += 1
+        return found
+
+    async def serve(self) -> None:
+        """The batching loop: gather what arrives together, decode it in a thread, answer."""
+        while True:
+            batch = [await self._queue.get()]
+            budget = self.max_sequences - batch[0].params.n
+            while budget > 0:
+                try:
+                    nxt = await asyncio.wait_for(self._queue.get(), GATHER_S)
+                except asyncio.TimeoutError:
+                    break
+                batch.append(nxt)
+                budget -= nxt.params.n
+            live = [r for r in batch if not r.aborted]
+            try:
+                results = await asyncio.to_thread(self.generate, live) if live else []
+            except Exception as exc:  # noqa: BLE001 - every request of the batch hears of it
+                for r in live:
+                    if not r.future.done():
+                        r.future.set_exception(exc)
+                continue
+            for r, choices in zip(live, results):
+                if not r.future.done():
+                    r.future.set_result(choices)
+            for r in batch:
+                if r.aborted and not r.future.done():
+                    r.future.set_result([Choice(finish_reason="abort") for _ in range(r.params.n)])
+
+    # Decoding
+    @torch.no_grad()
+    def generate(self, requests: list[Request]) -> list[list[Choice]]:
+        """The completions of each request (blocking)."""
+        owner = [i for i, r in enumerate(requests) for _ in range(r.params.n)]
+        params = [requests[i].params for i in owner]
+        choices = [Choice() for _ in owner]
+        logits, cache, mask, position, label = self._prefill(requests, owner)
+        rows = list(range(len(owner)))  # the sequence of each batch row
+        live = set(rows)  # sequences still generating
+        budget = [min(p.max_tokens, self.max_model_len - len(requests[i].prompt)) for p, i in zip(params, owner)]
+        while live:
+            self._block_early_stops(logits, [choices[s] for s in rows], [params[s] for s in rows])
+            logprobs = processed_logprobs(logits, [params[s] for s in rows])  # of the weights `label` names
+            tokens = sample(logprobs, self._rng)
+            chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+            for s, token, lp in zip(rows, tokens.tolist(), chosen):
+                if s not in live:
+                    continue
+                choice = choices[s]
+                choice.token_ids.append(token)
+                choice.logprobs.append(lp)
+                choice.labels.append(label)
+                choice.finish_reason = self._finish(choice, token, params[s], budget[s], requests[owner[s]].aborted)
+                if choice.finish_reason:
+                    live.discard(s)
+            if not live:
+                break
+            if len(live) <= (1 - PRUNE_SHARE) * len(rows):  # drop finished rows and their KV
+                keep = [r for r, s in enumerate(rows) if s in live]
+                index = torch.tensor(keep)
+                cache.batch_select_indices(index)
+                mask, position, tokens = mask[index], position[index], tokens[index]
+                rows = [rows[r] for r in keep]
+            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+            position = position + 1
+            with self._lock:
+                out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=position.unsqueeze(1),
+                                 past_key_values=cache, use_cache=True)
+                label = self.label
+            logits, cache = out.logits[:, -1, :], out.past_key_values
+        return [[choices[s] for s in range(len(owner)) if owner[s] == i] for i in range(len(requests))]
+
+    def _prefill(self, requests: list[Request], owner: list[int]):
+        """Each prompt once, left-padded; then its KV, mask and next position repeated for its n."""
+        from transformers import DynamicCache
+
+        width = max(len(r.prompt) for r in requests)
+        ids = torch.zeros(len(requests), width, dtype=torch.long)
+        mask = torch.zeros(len(requests), width, dtype=torch.long)
+        for i, r in enumerate(requests):
+            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
+            mask[i, width - len(r.prompt):] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        with self._lock:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                             past_key_values=DynamicCache(), use_cache=True)
+            label = self.label
+        index = torch.tensor(owner)
+        cache = out.past_key_values
+        cache.batch_select_indices(index)
+        return out.logits[:, -1, :][index], cache, mask[index], positions[:, -1][index], label
+
+    def _block_early_stops(self, logits: torch.Tensor, choices: list[Choice], params: list[SamplingParams]) -> None:
+        """Before min_tokens a stop token cannot be sampled (vLLM's rule)."""
+        for row, (choice, p) in enumerate(zip(choices, params)):
+            if len(choice.token_ids) < p.min_tokens:
+                stops = [t for t in self._stops(p) if t < logits.shape[1]]
+                logits[row, stops] = float("-inf")
+
+    def _stops(self, p: SamplingParams) -> set[int]:
+        return (set() if p.ignore_eos else self.stop_ids) | set(p.stop_token_ids)
+
+    def _finish(self, choice: Choice, token: int, p: SamplingParams, budget: int, aborted: bool) -> str | None:
+        if aborted:
+            return "abort"
+        if token in self._stops(p) and len(choice.token_ids) >= p.min_tokens:
+            return "stop"
+        if len(choice.token_ids) >= budget:
+            return "length"
+        return None

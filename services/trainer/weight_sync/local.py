@@ -1,0 +1,100 @@
+"""weight_transport local: the trainer serves generation itself, so publishing a version is a
+memory copy into its generator's model (services/trainer/generation/).
+
+LocalSyncer offers what the loop asks of WeightSyncer (open/close, prepare_now, sync,
+reconcile, admin(url), urls, transport). The copy happens in `prepare_now`, right after the
+step that made the version and before the next one changes the weights, and sets the
+generator's label in the same breath, so every token is sampled under exactly the weights its
+label names. The generator answers at the one configured vLLM URL (host and port).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from urllib.parse import urlparse
+
+import torch
+
+from agrpo.services.common.logging import get_logger
+
+from .orchestrator import SyncReport
+
+log = get_logger("trainer.weight_sync.local")
+
+
+class LocalTransport:
+    """Nothing travels: the generator copies the trainer's weights in its own process."""
+
+    name = "local"
+    snapshot = True  # the copy is taken before the next step trains
+    in_band = False
+
+    def close(self) -> None:
+        pass
+
+
+class _LocalAdmin:
+    """The two questions the loop asks a server's admin: its max_model_len and weight label."""
+
+    def __init__(self, syncer: LocalSyncer) -> None:
+        self.syncer = syncer
+
+    async def max_model_len(self) -> int:
+        return self.syncer.generator.max_model_len
+
+    async def weight_label(self) -> str:
+        return self.syncer.generator.label
+
+
+class LocalSyncer:
+    """Serves generation from a copy of `model` and publishes versions into it."""
+
+    def __init__(self, url: str, model: torch.nn.Module, stop_ids: set[int], max_model_len: int,
+                 model_name: str, seed: int) -> None:
+        self.urls = [url]
+        self.model, self.stop_ids, self.max_model_len = model, stop_ids, max_model_len
+        self.model_name, self.seed = model_name, seed
+        self.transport = LocalTransport()
+        self.generator = None
+        self._runner = None
+        self._serving: asyncio.Task | None = None
+
+    async def open(self) -> None:
+        """Copy the model, start the batching loop and the HTTP routes."""
+        from agrpo.services.trainer.generation import server
+        from agrpo.services.trainer.generation.generator import Generator
+
+        self.generator = await asyncio.to_thread(Generator, self.model, self.stop_ids, self.max_model_len, self.seed)
+        self._serving = asyncio.create_task(self.generator.serve())
+        where = urlparse(self.urls[0])
+        host = "127.0.0.1" if where.hostname in ("localhost", "127.0.0.1") else "0.0.0.0"
+        self._runner = await server.start(self.generator, self.model_name, host, where.port or 80)
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._serving is not None:
+            self._serving.cancel()
+            await asyncio.gather(self._serving, return_exceptions=True)
+            self._serving = None
+
+    def admin(self, url: str) -> _LocalAdmin:
+        return _LocalAdmin(self)
+
+    async def prepare_now(self, version: int, prepare=None) -> float:
+        """Copy the trainer's weights in as `version` (unless they are in already); seconds taken."""
+        if self.generator.label == str(version):
+            return 0.0
+        t0 = time.perf_counter()
+        await asyncio.to_thread(self.generator.load, self.model, str(version))
+        return time.perf_counter() - t0
+
+    async def sync(self, version: int, prepare=None, urls: list[str] | None = None) -> SyncReport:
+        load_s = await self.prepare_now(version)
+        return SyncReport(version, synced=list(self.urls), phase_s={"load": load_s, "total": load_s})
+
+    async def reconcile(self, version: int, prepare=None) -> SyncReport | None:
+        """The generator lives and dies with the trainer: it never misses a version."""
+        return None

@@ -1,0 +1,101 @@
+"""The trainer's own generator (weight_transport local): the distribution it samples from, its
+logprobs against the model's own, stops and lengths, version labels, and the HTTP routes rollout's
+vLLM client talks to."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import aiohttp
+import pytest
+import torch
+
+from agrpo.services.rollout.vllm_client import SamplingConfig, VLLMClient
+from agrpo.services.trainer.generation import server
+from agrpo.services.trainer.generation.generator import Choice, Generator, Request
+from agrpo.services.trainer.generation.sampling import SamplingParams, processed_logprobs
+
+
+def test_processed_logprobs_are_the_sampled_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]] * 4)
+    rows = [SamplingParams(temperature=0.5), SamplingParams(top_k=2), SamplingParams(top_p=0.7),
+            SamplingParams(temperature=0.0)]
+    lp = processed_logprobs(logits, rows)
+    assert torch.allclose(lp[0], torch.log_softmax(logits[0] / 0.5, -1))
+    assert math.isinf(lp[1, 2]) and math.isinf(lp[1, 3]) and torch.allclose(lp[1, :2].exp().sum(), torch.tensor(1.0))
+    assert torch.isfinite(lp[2]).sum() == 2  # 0.665 < 0.7: the token that crosses top_p stays
+    assert lp[3, 0] == 0 and torch.isinf(lp[3, 1:]).all()  # greedy
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        SamplingParams.from_request({"repetition_penalty": 1.2})
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+
+
+def _own_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1] / temperature
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion).unsqueeze(1)).squeeze(1).tolist()
+
+
+def test_completions_carry_the_models_own_logprobs_whatever_the_padding(model):
+    gen = Generator(model, stop_ids=set(), max_model_len=512)
+    prompts = [[5, 6, 7], list(range(10, 31))]  # left-padded together
+    requests = [Request(f"r{i}", p, SamplingParams(max_tokens=9, temperature=0.7, n=3)) for i, p in enumerate(prompts)]
+    results = gen.generate(requests)
+    assert [len(r) for r in results] == [3, 3]
+    for prompt, choices in zip(prompts, results):
+        for c in choices:
+            assert len(c.token_ids) == 9 and c.finish_reason == "length" and c.spans() == [("default", 0, 9)]
+            assert c.logprobs == pytest.approx(_own_logprobs(model, prompt, c.token_ids, 0.7), abs=2e-4)
+
+
+def test_stops_min_tokens_and_max_model_len(model):
+    vocab = model.config.vocab_size
+    gen = Generator(model, stop_ids=set(range(1, vocab)), max_model_len=12)  # every token but 0 stops
+    (early,), (held,), (capped,) = gen.generate([
+        Request("a", [1, 2], SamplingParams(max_tokens=5)),
+        Request("b", [1, 2], SamplingParams(max_tokens=5, min_tokens=3)),
+        Request("c", [1] * 8, SamplingParams(max_tokens=50, ignore_eos=True))])
+    assert len(early.token_ids) == 1 and early.finish_reason == "stop"
+    assert len(held.token_ids) == 4 and held.finish_reason == "stop"  # 3 tokens before a stop may come
+    assert len(capped.token_ids) == 4 and capped.finish_reason == "length"  # 8 + 4 = max_model_len
+
+
+def test_a_load_relabels_and_copies_the_weights(model):
+    gen = Generator(model, stop_ids=set(), max_model_len=64)
+    trained = type(model)(model.config)
+    gen.load(trained, "7")
+    assert gen.label == "7"
+    assert all(torch.equal(a, b) for a, b in zip(gen.model.parameters(), trained.parameters()))
+    assert not any(torch.equal(a, b) for a, b in zip(gen.model.parameters(), model.parameters()) if a.dim() == 2)
+    c = Choice(token_ids=[1, 2, 3], labels=["6", "6", "7"])
+    assert c.spans() == [("6", 0, 2), ("7", 2, 3)]
+
+
+async def test_rollouts_vllm_client_generates_from_the_routes(model, unused_tcp_port):
+    gen = Generator(model, stop_ids=set(), max_model_len=128)
+    serving = asyncio.create_task(gen.serve())
+    runner = await server.start(gen, "tiny", "127.0.0.1", unused_tcp_port)
+    try:
+        async with aiohttp.ClientSession() as session:
+            client = VLLMClient(f"http://127.0.0.1:{unused_tcp_port}", session, request_timeout=30)
+            info = await client.handshake(10, min_version="0.26.0")
+            assert info.has_generate and info.max_model_len == 128 and info.model == "tiny"
+            outs = await asyncio.gather(*(client.generate_all([3, 4, 5], SamplingConfig(max_tokens=6, n=4), f"g{i}")
+                                          for i in range(2)))
+            assert [len(o) for o in outs] == [4, 4]
+            assert all(len(c.token_ids) == 6 and c.spans == [("default", 0, 6)] for o in outs for c in o)
+            assert await client.weight_label() == "default"
+            async with session.post(f"http://127.0.0.1:{unused_tcp_port}/inference/v1/generate",
+                                    json={"token_ids": [1], "sampling_params": {"logits_processors": []}}) as r:
+                assert r.status == 400 and "not supported" in (await r.json())["error"]
+    finally:
+        await runner.cleanup()
+        serving.cancel()
