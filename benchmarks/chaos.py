@@ -43,8 +43,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SERVICES = ("trainer", "rollout", "reward", "vllm")
 
@@ -162,7 +160,7 @@ class PlainSystem:
 
     def __init__(self, config: Path, logs: Path) -> None:
         from plain_supervisor import PlainSupervisor
-        from services.launcher.processes import agrpo_argv
+        from agrpo.launcher.processes import agrpo_argv
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
                "HF_DATASETS_OFFLINE": "1", "AGRPO_LOG_FORMAT": "json"}
@@ -227,9 +225,10 @@ def recovery(target: str, cfg, vllm, metrics: Path, limit_s: float) -> tuple[flo
 
 def start(a):
     """vLLM, the config and the services under the chosen supervisor."""
-    from services.demo.runner import DemoOptions, start_job, start_vllm_and_config
+    from agrpo.demo.runner import DemoOptions, start_job, start_vllm_and_config
 
-    overrides = {"save_steps": a.save_steps, "launcher": {"max_restarts": 10_000, "restart_window_s": 30.0}}
+    overrides = {"save_steps": a.save_steps,  # vLLM is one of the targets: it generates here
+                 "launcher": {"generation": "vllm", "max_restarts": 10_000, "restart_window_s": 30.0}}
     if a.supervisor == "launcher":
         overrides["run_id"] = f"chaos-{a.seed}"
     opts = DemoOptions(steps=100_000, out=a.out, max_staleness=a.max_staleness, num_prompts=a.num_prompts,
@@ -242,8 +241,8 @@ def start(a):
 
 
 def run(a) -> int:
-    from services.trainer import checkpoint, run_record
-    from services.trainer.audit import agrees_with_checkpoint, verify
+    from agrpo.services.trainer import checkpoint, run_record
+    from agrpo.services.trainer.audit import agrees_with_checkpoint, verify
 
     rng = random.Random(a.seed)
     vllm, system, cfg = start(a)
@@ -284,7 +283,7 @@ def run(a) -> int:
 
 def one_run(output_dir: Path, run_id: str | None) -> list[str]:
     """Every restart continued the run: none was moved aside, and run.json names the same run."""
-    from services.trainer import run_record
+    from agrpo.services.trainer import run_record
 
     problems = []
     if (output_dir / run_record.PREVIOUS).exists():

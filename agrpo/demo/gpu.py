@@ -74,9 +74,10 @@ def config_overrides(opts: GpuOptions | None) -> dict:
     GPU) as bf16, the server's dtype, whatever the training dtype. `weight_load` is "vllm" where a
     direct load cannot happen (no worker extension, or CPU, where the extension refuses): no probe. On CPU
     the demo's own vLLM reads the trainer's files, so weights go as a file per version
-    (shared_path), not as base64 JSON over HTTP."""
+    (shared_path), not as base64 JSON over HTTP: runner.write_config sets that (or local, where
+    the trainer generates itself)."""
     if opts is None:
-        return {"trainer": {"weight_load": "vllm", "weight_transport": "shared_path"}}
+        return {"trainer": {"weight_load": "vllm"}}
     trainer = {"weight_transport": "ipc" if opts.colocated else "nccl", "sync_dtype": "bfloat16",
                "weight_load": "auto" if opts.worker_extension else "vllm"}
     if opts.peak_tflops:

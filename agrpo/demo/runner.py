@@ -29,6 +29,7 @@ from . import models, report
 from agrpo.services.common.config import ConfigError, load_config
 from agrpo.services.common.config.loader import merge
 from agrpo.launcher.job import Job, JobOptions
+from agrpo.launcher.vllm_plan import trainer_generates
 from agrpo.launcher.progress import StepFollower
 from .task import write_arithmetic_dataset
 
@@ -102,10 +103,15 @@ def _trainer_settings(opts: DemoOptions) -> dict:
     return {} if opts.gpu else {"recompute_in_flight": False}
 
 
-def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str) -> Path:
-    """The one config file all three services read."""
+def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str, generation: str = "vllm") -> Path:
+    """The one config file all three services read. On a CPU, `generation` says who serves
+    `vllm_url`: vllm (the demo's vLLM, which reads the trainer's weight files), trainer (the
+    trainer itself: launcher.generation trainer) or auto (left to launcher.generation)."""
     ports = {svc: free_port() for svc in ("trainer", "rollout", "reward")}
     gpu = gpu_mode.config_overrides(opts.gpu)
+    if opts.gpu is None and generation != "auto":
+        gpu["trainer"]["weight_transport"] = "local" if generation == "trainer" else "shared_path"
+        gpu["launcher"] = {"generation": generation}
     cfg = {
         "model": str(model_dir), "vllm_server_base_url": vllm_url,
         "dataset": {"path": "json", "data_files": str(data), "split": "train"},
@@ -164,8 +170,9 @@ def start_vllm(opts: DemoOptions, model_dir: Path, log_path: Path) -> VLLMServer
                       startup_timeout=opts.gpu.vllm_startup_s).start()
 
 
-def start_vllm_and_config(opts: DemoOptions, info: dict) -> tuple[VLLMServer, Path, object]:
-    """A fresh output folder, the model, the prompts, a healthy vLLM and the one config file
+def start_vllm_and_config(opts: DemoOptions, info: dict) -> tuple[VLLMServer | None, Path, object]:
+    """A fresh output folder, the model, the prompts, a healthy vLLM (None where the trainer
+    generates itself: launcher.generation, as agrpo run decides it) and the one config file
     (its path and the loaded config); `info` gets what the summary reports."""
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "metrics.jsonl").unlink(missing_ok=True)
@@ -176,6 +183,13 @@ def start_vllm_and_config(opts: DemoOptions, info: dict) -> tuple[VLLMServer, Pa
     model_dir = _model_dir(opts)
     data = _write_prompts(opts)
     info.update(mode="gpu" if opts.gpu else "cpu", model=str(model_dir))
+    url = f"http://127.0.0.1:{free_port()}"
+    if opts.gpu is None and trainer_generates(_load(write_config(opts, model_dir, data, url, "auto"))):
+        info.update(generation="trainer", vllm_startup_s=0.0)
+        print("[demo] the trainer generates itself: no vLLM on a CPU (launcher.generation)", flush=True)
+        config = write_config(opts, model_dir, data, url, "trainer")
+        return None, config, _load(config)
+    info["generation"] = "vllm"
     vllm = start_vllm(opts, model_dir, opts.out / "logs" / "vllm.log")
     try:
         info["vllm_startup_s"] = round(vllm.startup_s, 1)
@@ -200,7 +214,8 @@ def start_job(opts: DemoOptions, info: dict) -> tuple[VLLMServer, Job, object]:
     except BaseException:
         if job is not None:
             job.stop(kill=True)
-        vllm.stop()
+        if vllm is not None:
+            vllm.stop()
         raise
     return vllm, job, cfg
 

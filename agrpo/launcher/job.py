@@ -16,15 +16,16 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
-from agrpo.services.common.preflight import STARTUP_ERROR_EXIT, StartupError
+from agrpo.services.common.preflight import STARTUP_ERROR_EXIT, StartupError, check_port
 
 from .gpus import gpu_count, trainer_devices
 from .preflight import check_job
 from .processes import ServiceProcess, agrpo_argv, get_status, is_done, status_numbers
 from .progress import StepFollower
 from .supervisor import RestartPolicy, Supervised
-from .vllm_plan import servers_to_start, settings_for
+from .vllm_plan import servers_to_start, settings_for, trainer_generates
 
 ORDER = ("reward", "trainer", "rollout")
 
@@ -54,6 +55,7 @@ class Job:
         self.logs = self.out / "logs"
         self.run_id = cfg.run_id or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self.vllm_servers: list = []
+        self.trainer_generates = False  # settled by start()
         self.services: dict[str, Supervised] = {}
         self.started_at = time.monotonic()
         self.status: dict = {"trainer": None, "rollout": None}
@@ -71,7 +73,12 @@ class Job:
         check_job(self.cfg, self.opts.config_path.resolve().parent)
         self.trainer_gpus = self._trainer_gpus()
         self.logs.mkdir(parents=True, exist_ok=True)
-        for url, port in servers_to_start(self.cfg):
+        self.trainer_generates = trainer_generates(self.cfg)
+        if self.trainer_generates:
+            url = self.cfg.vllm_urls[0]
+            check_port("127.0.0.1", urlparse(url).port or 80, "vllm_server_base_url")
+            self.say(f"[run] the trainer generates, at {url}: no vLLM (launcher.generation)")
+        for url, port in [] if self.trainer_generates else servers_to_start(self.cfg):
             settings = settings_for(self.cfg, port)
             self.say(f"[run] starting vLLM for {url} ({'GPU' if settings.gpu else 'CPU'}, "
                      f"max_model_len {settings.max_model_len}); log {self.logs / 'vllm.log'}")
@@ -113,6 +120,8 @@ class Job:
         env = {"AGRPO_RUN_ID": self.run_id, "AGRPO_SYS_PATH": json.dumps(sys_path), **self.opts.env.get(name, {})}
         if name == "trainer":
             env["AGRPO_TRAINER__EXIT_WHEN_DONE"] = "true"
+            if self.trainer_generates:
+                env["AGRPO_TRAINER__WEIGHT_TRANSPORT"] = "local"
             if self.trainer_gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = self.trainer_gpus
             if self._shares_files_with_vllm():

@@ -86,10 +86,24 @@ def settings_for(cfg, port: int, gpu: bool | None = None) -> VllmSettings:
                            "for a hub id, start vLLM yourself (agrpo vllm) and point vllm_server_base_url at it")
     launch = cfg.launcher
     gpu = (launch.device == "gpu" or (launch.device == "auto" and has_gpu())) if gpu is None else gpu
-    max_len = launch.max_model_len or default_max_len(cfg.model, 1024 + cfg.max_completion_length)
+    max_len = cfg.max_model_len_for(model_max_len(cfg.model))
     kv = launch.kv_cache_gib or (2.0 if gpu else 0.5)
     return VllmSettings(str(Path(cfg.model).resolve()), port, gpu, max_len, kv, launch.vllm_gpu,
                         launch.gpu_memory_utilization, tuple(launch.vllm_args))
+
+
+def trainer_generates(cfg) -> bool:
+    """launcher.generation resolved: True when the trainer serves generation itself (no vLLM).
+    auto: on a machine without a GPU, for one trainer process and one localhost URL at which no
+    vLLM answers (and launcher.vllm is not `start`, trainer.weight_transport not set to another)."""
+    mode = cfg.launcher.generation
+    if mode != "auto" or cfg.trainer.weight_transport == "local":
+        return mode == "trainer" or cfg.trainer.weight_transport == "local"
+    launch, urls = cfg.launcher, cfg.vllm_urls
+    gpu = launch.device == "gpu" or (launch.device == "auto" and not cfg.use_cpu and has_gpu())
+    return (not gpu and launch.vllm == "auto" and cfg.trainer.weight_transport == "auto"
+            and cfg.trainer.num_processes <= 1 and len(urls) == 1
+            and urlparse(urls[0]).hostname in LOCAL_HOSTS and not answers(urls[0]))
 
 
 def servers_to_start(cfg) -> list[tuple[str, int]]:

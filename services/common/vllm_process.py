@@ -44,6 +44,9 @@ def parse_vllm_version(text: str) -> tuple[int, int, int]:
 NCCL_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1", "NCCL_CUMEM_ENABLE": "0"}
 WORKER_EXTENSION = "agrpo_vllm_plugin.worker.AgrpoWorkerExtension"
+TRAINER_ENGINE = "agrpo-trainer"
+"""The `engine` a server's /version names when the trainer serves generation itself
+(trainer.weight_transport local): rollout accepts it in place of a vLLM version."""
 
 # Reads vLLM's argument definitions as text: importing vllm costs seconds (and CUDA init).
 _SCALE_OUT_PROBE = """

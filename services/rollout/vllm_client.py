@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from agrpo.services.common.logging import get_logger
+from agrpo.services.common.vllm_process import TRAINER_ENGINE
 from agrpo.services.common.vllm_process import parse_vllm_version as parse_version
 
 log = get_logger("rollout.vllm")
@@ -130,8 +131,9 @@ class VLLMClient:
     async def handshake(self, timeout_s: float, min_version: str) -> ServerInfo:
         """Wait for health, check version and dev mode, read the model and max_model_len."""
         await self.wait_healthy(timeout_s)
-        version = (await self._get("/version")).get("version", "0")
-        if parse_version(version) < parse_version(min_version):
+        answer = await self._get("/version")
+        version = answer.get("version", "0")
+        if answer.get("engine") != TRAINER_ENGINE and parse_version(version) < parse_version(min_version):
             raise VLLMIncompatible(f"vLLM at {self.base_url} is {version}; agrpo needs >= {min_version} "
                                    "(RL weight-update API). Upgrade vLLM.")
         try:

@@ -42,6 +42,19 @@ def make_transport(cfg: AgrpoConfig, device: torch.device):
     return NcclTransport()
 
 
+def local_syncer(cfg: AgrpoConfig, model: torch.nn.Module, tokenizer):
+    """The trainer's own generator (weight_transport local), stopping where vLLM would: at the
+    generation config's EOS tokens and the tokenizer's."""
+    from .weight_sync.local import LocalSyncer
+
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    stops = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        stops.add(tokenizer.eos_token_id)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    return LocalSyncer(cfg.vllm_urls[0], model, stops, cfg.max_model_len_for(limit), str(cfg.model), cfg.seed)
+
+
 def build_loop(app) -> TrainerLoop:
     """Everything the loop needs; the model (and optimizer) from `app.resumed_from` when
     the app restored its state from that checkpoint, on every rank (app.ranks)."""
@@ -54,9 +67,10 @@ def build_loop(app) -> TrainerLoop:
     if ckpt is not None and shards is None and not checkpoint.restore_optimizer(ckpt, engine.optimizer,
                                                                                   engine.scheduler):
         log.warning("%s holds no optimizer state (save_only_model): optimizer starts fresh", ckpt)
-    syncer = WeightSyncer(cfg.vllm_urls, make_transport(cfg, device), cfg.weight_sync_phase_timeout,
-                          cfg.weight_sync_timeout, load_mode=cfg.trainer.weight_load,
-                          recompute_in_flight=cfg.trainer.recompute_in_flight, swap=cfg.trainer.weight_swap)
+    syncer = local_syncer(cfg, engine.model, tokenizer) if cfg.trainer.weight_transport == "local" else \
+        WeightSyncer(cfg.vllm_urls, make_transport(cfg, device), cfg.weight_sync_phase_timeout,
+                     cfg.weight_sync_timeout, load_mode=cfg.trainer.weight_load,
+                     recompute_in_flight=cfg.trainer.recompute_in_flight, swap=cfg.trainer.weight_swap)
     step_log = StepLogger(app.metrics_file, cfg.logging_steps, cfg.report_to, cfg.run_name, cfg.logging_dir, cfg.project)
     return TrainerLoop(cfg, engine, tokenizer, syncer, app.state, app.buffer, app.intake, app.board,
                        app.metrics, step_log, app.record, app.ranks)

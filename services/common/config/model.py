@@ -81,6 +81,9 @@ class AgrpoConfig(GRPOArgs):
         if self.rollout.one_request_per_group and (self.tools or self.environment_factory):
             raise ValueError("rollout.one_request_per_group is for single-turn groups; with tools or "
                              "environment_factory each conversation turn is its own request")
+        if self.trainer.weight_transport == "local" and (len(self.vllm_urls) != 1 or self.trainer.num_processes > 1):
+            raise ValueError("trainer.weight_transport=local: the trainer serves generation itself at the one "
+                             "vllm_server_base_url, from one trainer process (trainer.num_processes 1)")
         if self.use_liger_kernel:
             raise ValueError("use_liger_kernel: not supported (as in TRL's async trainer)")
         if self.lr_scheduler_type not in ("constant", "constant_with_warmup") and self.max_steps <= 0:
@@ -92,6 +95,12 @@ class AgrpoConfig(GRPOArgs):
     def resolved_output_dir(self) -> str:
         """output_dir with TRL's fallback."""
         return self.output_dir or "trainer_output"
+
+    def max_model_len_for(self, model_limit: int | None) -> int:
+        """The inference server's max_model_len: launcher.max_model_len, else the prompt room TRL
+        advises (1024) plus max_completion_length, capped at the model's own limit."""
+        wanted = self.launcher.max_model_len or 1024 + self.max_completion_length
+        return min(wanted, model_limit) if model_limit else wanted
 
     @property
     def resolved_max_inflight_tasks(self) -> int:

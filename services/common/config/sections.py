@@ -165,11 +165,12 @@ class TrainerSection(ServiceSection):
 
     port: int = Field(50051, ge=0, le=65535)
     metrics_port: int | None = Field(9101, ge=0, le=65535)
-    weight_transport: Literal["auto", "http", "shared_path", "nccl", "ipc"] = "auto"
+    weight_transport: Literal["auto", "http", "shared_path", "nccl", "ipc", "local"] = "auto"
     """How weights reach vLLM: auto picks nccl on GPU, http on CPU (agrpo run picks shared_path
     for a CPU vLLM it started itself: a file per version under output_dir, no base64 JSON; and
     ipc when vLLM shares the trainer's GPU). ipc: CUDA IPC on one GPU, loaded by our worker
-    extension (always a direct load)."""
+    extension (always a direct load). local: no vLLM; the trainer serves generation itself at
+    vllm_server_base_url from a copy of its model (launcher.generation trainer)."""
     weight_load: Literal["auto", "vllm", "direct"] = "auto"
     """How vLLM loads an update. vllm: its RL flow (start/finish, layerwise reload; any model).
     direct: our worker extension loads the tensors as-is (CUDA, unquantized; start vLLM with
@@ -260,6 +261,11 @@ class TrainerSection(ServiceSection):
 class LauncherSection(Section):
     """What `agrpo run` starts and how (the services themselves ignore this section)."""
 
+    generation: Literal["auto", "vllm", "trainer"] = "auto"
+    """Who generates. vllm: a vLLM server (found or started, as `vllm` says). trainer: the
+    trainer itself, from a copy of its model (trainer.weight_transport local): no vLLM to start
+    and no weights in flight, which is faster for a small model on a CPU. auto: trainer on a
+    machine without a GPU when no vLLM answers at vllm_server_base_url, else vllm."""
     vllm: Literal["auto", "start", "external"] = "auto"
     """auto: use the vLLM servers at vllm_server_base_url(s) when they answer, else start one on
     a localhost URL's port; start: always start one; external: never (fail if none answers)."""
