@@ -36,7 +36,7 @@ source in .venv-trl, each matched to /work/shared/reference/trl-grpotrainer-base
   GA = 1) and _compute_loss uses per_token_logps.detach() as the old logprobs (ratio 1, the
   on-policy case) - except with use_vllm, where vllm_importance_sampling_correction (TRL's
   default True, kept) computes them for the vLLM/trainer importance ratio.
-- max_completion_length: the task's (tiny 24, smollm2 32, agrpo/demo/runner.py _task_settings).
+- max_completion_length: the task's (tiny 24, smollm2 32, agrpo/demo/runner.py task_settings).
   TRL 1.16 has no max_prompt_length: prompts are never truncated (the field is gone from
   GRPOConfig; _tokenize_prompts applies the chat template with no truncation).
 - temperature = 1.0, top_p = 1.0, top_k = 0: in TRL 1.16 top_k is an int and 0 is documented as

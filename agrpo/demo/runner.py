@@ -59,7 +59,7 @@ class DemoOptions:
     core 1 (so the two really run in parallel on a 2-core machine)."""
 
 
-def _task_settings(opts: DemoOptions) -> dict:
+def task_settings(opts: DemoOptions) -> dict:
     if opts.model == "smollm2":
         return {"reward_funcs": [{"name": "agrpo.demo.task:final_answer"}],
                 "max_completion_length": 32, "learning_rate": opts.learning_rate or 2e-5, "temperature": 1.0}
@@ -67,7 +67,7 @@ def _task_settings(opts: DemoOptions) -> dict:
             "learning_rate": opts.learning_rate or 3e-3, "temperature": 1.0}
 
 
-def _write_prompts(opts: DemoOptions) -> Path:
+def write_prompts(opts: DemoOptions) -> Path:
     """SmolLM2 gets one-digit sums that ask for a box (agrpo/demo/task.py says why)."""
     path = opts.out / "prompts.jsonl"
     if opts.model == "smollm2":
@@ -119,7 +119,7 @@ def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str, 
         "output_dir": str(opts.out / "trainer_output"), "save_steps": 10_000, "seed": 0,
         "gradient_checkpointing": False, "logging_steps": 1,
         **({"num_train_epochs": opts.epochs} if opts.epochs else {"max_steps": opts.steps}),
-        **_task_settings(opts),
+        **task_settings(opts),
         **{k: v for k, v in gpu.items() if k != "trainer"},
         "trainer": {"port": ports["trainer"], "metrics_port": None,
                     "metrics_jsonl": str(opts.out / "metrics.jsonl"), **_trainer_settings(opts),
@@ -149,7 +149,7 @@ def _load(config: Path):
     return load_config(["--config", str(config)], {k: v for k, v in os.environ.items() if k != "AGRPO_CONFIG"})
 
 
-def _model_dir(opts: DemoOptions) -> Path:
+def model_dir_of(opts: DemoOptions) -> Path:
     if opts.model_path:
         return opts.model_path.resolve()
     if opts.model == "smollm2":
@@ -180,8 +180,8 @@ def start_vllm_and_config(opts: DemoOptions, info: dict) -> tuple[VLLMServer | N
     # Every demo trains from scratch: the trainer would resume from the last run's
     # final checkpoint (and stop at once, its max_steps already reached).
     shutil.rmtree(opts.out / "trainer_output", ignore_errors=True)
-    model_dir = _model_dir(opts)
-    data = _write_prompts(opts)
+    model_dir = model_dir_of(opts)
+    data = write_prompts(opts)
     info.update(mode="gpu" if opts.gpu else "cpu", model=str(model_dir))
     url = f"http://127.0.0.1:{free_port()}"
     if opts.gpu is None and trainer_generates(_load(write_config(opts, model_dir, data, url, "auto"))):

@@ -42,7 +42,7 @@ from .ranks import RankGroup
 from .run_record import RunRecord
 from .sample import Outcome, Sample
 from .state import TrainState
-from .step_metrics import step_metrics
+from .step_metrics import FlopModel, step_metrics
 from .weight_sync import WeightSyncer
 
 log = get_logger("trainer.loop")
@@ -72,7 +72,8 @@ class TrainerLoop:
         self.metrics, self.step_log = metrics, step_log
         self.ledger = state.ledger
         self.audit = TrainedSampleLog(Path(cfg.resolved_output_dir) / "trained_samples.jsonl")
-        self.num_params = sum(p.numel() for p in engine.model.parameters())
+        self.flops = FlopModel.of(engine.model, tree=engine.cfg.tree,
+                                  recompute=bool(cfg.gradient_checkpointing))
         self.pace = intake.pace
         self.trained_at_version = 0  # samples trained since the last published version
         self._pushing: asyncio.Task | None = None  # a weight push overlapping the next step
@@ -389,7 +390,7 @@ class TrainerLoop:
 
     def log_step(self, step_in: StepInput, stats: dict) -> None:
         metrics = step_metrics(step_in, stats, version=self.state.version, ledger=self.ledger, drops=self.drops,
-                               num_params=self.num_params, peak_tflops=self.cfg.trainer.peak_tflops,
+                               flops=self.flops, peak_tflops=self.cfg.trainer.peak_tflops,
                                last_sync=self.last_sync, token_budget=self.token_budget())
         self.last_sync = {}
         self.metrics.tokens_per_s.set(metrics.get("perf/tokens_per_s", 0.0))

@@ -2,7 +2,8 @@
 
 Why the dtype rules: on CPU bf16 matmuls are slow or unsupported, so the model trains
 in fp32 there (cfg.dtype wins where the platform supports it; autocast bf16 only on
-CUDA). Fused AdamW exists only for accelerator tensors: on CPU it falls back to AdamW.
+CUDA). Fused AdamW (transformers' default optim, as TRL gets it) also on the CPU, where torch
+has the kernel: a fifth of the plain optimizer's time.
 """
 
 from __future__ import annotations
@@ -90,10 +91,13 @@ def build_optimizer(cfg: AgrpoConfig, model: torch.nn.Module) -> torch.optim.Opt
         return torch.optim.SGD(groups, lr=lr, **extra)
     if cfg.optim == "adafactor":
         return torch.optim.Adafactor(groups, lr=lr, **extra)
-    on_accel = next(model.parameters()).device.type != "cpu"
-    fused = cfg.optim == "adamw_torch_fused" and on_accel
-    return torch.optim.AdamW(groups, lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                             eps=cfg.adam_epsilon, fused=fused or None, **extra)
+    fused = cfg.optim == "adamw_torch_fused"
+    try:
+        return torch.optim.AdamW(groups, lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                 eps=cfg.adam_epsilon, fused=fused or None, **extra)
+    except RuntimeError:  # no fused kernel for this device or dtype
+        return torch.optim.AdamW(groups, lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                 eps=cfg.adam_epsilon, **extra)
 
 
 def warmup_steps(cfg: AgrpoConfig, total: int) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 
 
 def _mean(values) -> float:
@@ -20,7 +21,34 @@ def _mean(values) -> float:
         return sum(values) / len(values)
 
 
-def step_metrics(step_in, stats: dict, *, version: int, ledger, drops, num_params: int,
+@dataclass(frozen=True)
+class FlopModel:
+    """What a step's FLOPs depend on: the matmul parameters (the input embedding is a lookup,
+    not a matmul, unless tied to the head), the attention width and depth, how rows run."""
+
+    matmul_params: int
+    hidden_size: int
+    num_layers: int
+    tree: bool = True
+    """Prefix-tree rows (a shared prompt computed once) or one chain per sample."""
+    recompute: bool = False
+    """Gradient checkpointing: every layer's forward runs again in the backward."""
+
+    @classmethod
+    def of(cls, model, tree: bool, recompute: bool) -> FlopModel:
+        total = sum(p.numel() for p in model.parameters())
+        embed = model.get_input_embeddings().weight
+        tied = any(p is embed for p in model.get_output_embeddings().parameters())
+        cfg = model.config
+        return cls(total if tied else total - embed.numel(), cfg.hidden_size, cfg.num_hidden_layers, tree, recompute)
+
+    def forward_flops(self, tokens: int, pairs: int) -> float:
+        """One forward: 2 FLOPs per matmul parameter per token, 4 x hidden per attended (q, kv)
+        pair per layer (scores and values)."""
+        return 2.0 * self.matmul_params * tokens + 4.0 * self.hidden_size * self.num_layers * pairs
+
+
+def step_metrics(step_in, stats: dict, *, version: int, ledger, drops, flops: FlopModel,
                  peak_tflops: float | None, last_sync: dict[str, float], token_budget: int | None = None) -> dict:
     """Everything logged for one step: `stats` from the engine, the step's samples, the
     ledger's and drop counters' totals, and the last weight sync's phase times."""
@@ -53,12 +81,12 @@ def step_metrics(step_in, stats: dict, *, version: int, ledger, drops, num_param
         "batch/dropped_oversize_total": drops["oversize"],
         "perf/wait_s": step_in.wait_s,
         "perf/idle_fraction": step_in.wait_s / wall if wall > 0 else 0.0,
-        "perf/tokens_per_s": forward / compute_s if compute_s > 0 else 0.0,
     })
     _rewards(out, samples)
     _sample_metrics(out, samples)
     _collator(out, step_in.batches, token_budget)
-    _perf(out, num_params, forward, compute_s, peak_tflops, last_sync)
+    _perf(out, flops, step_in.batches, samples, compute_s, peak_tflops)
+    _sync(out, last_sync)
     return out
 
 
@@ -126,12 +154,32 @@ def _rewards(out: dict, samples) -> None:
         out["frac_reward_zero_std"] = sum(1 for g in flat if _std(g) == 0) / len(flat)
 
 
-def _perf(out: dict, num_params: int, forward: int, compute_s: float, peak: float | None,
-          last_sync: dict[str, float]) -> None:
-    flops = 6 * num_params * forward  # forward + backward, dense estimate
-    out["perf/tflops"] = flops / compute_s / 1e12 if compute_s > 0 else 0.0
+def _perf(out: dict, flops: FlopModel, batches, samples, compute_s: float, peak: float | None) -> None:
+    """Throughput as peers log it. Tokens and (q, kv) pairs actually computed: a tree row's unique
+    tokens and load, else every sample's chain. perf/mfu: model FLOPs (forward and backward,
+    attention included, checkpoint recompute not) per second over the peak; perf/hfu: every FLOP
+    executed (the recompute too). perf/unshared_mfu counts every sample's prompt as if it were
+    computed: the MFU a trainer without prefix sharing would need for the same step time."""
+    if compute_s <= 0:
+        return
+    lengths = [len(s) for s in samples]
+    chains = sum(n * (n + 1) // 2 for n in lengths)
+    if flops.tree:
+        tokens, pairs = sum(mb.num_forward_tokens for mb in batches), sum(sum(mb.load) for mb in batches)
+    else:
+        tokens, pairs = sum(lengths), chains
+    model = 3 * flops.forward_flops(tokens, pairs)
+    executed = model + (flops.forward_flops(tokens, pairs) if flops.recompute else 0.0)
+    out["perf/tokens_per_s"] = tokens / compute_s
+    out["perf/sample_tokens_per_s"] = sum(lengths) / compute_s
+    out["perf/tflops"] = model / compute_s / 1e12
     if peak:
-        out["perf/mfu"] = out["perf/tflops"] / peak
+        out["perf/mfu"] = model / compute_s / (peak * 1e12)
+        out["perf/hfu"] = executed / compute_s / (peak * 1e12)
+        out["perf/unshared_mfu"] = 3 * flops.forward_flops(sum(lengths), chains) / compute_s / (peak * 1e12)
+
+
+def _sync(out: dict, last_sync: dict[str, float]) -> None:
     if last_sync:
         out["perf/weight_sync_s"] = last_sync.get("total", 0.0)
         for phase, secs in last_sync.items():

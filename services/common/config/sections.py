@@ -240,7 +240,8 @@ class TrainerSection(ServiceSection):
     side) async reached a good reward in 0.64x of sync's time, against 0.75x with it on
     (docs/architecture.md, Pacing)."""
     peak_tflops: float | None = Field(None, gt=0)
-    """Accelerator peak TFLOP/s for perf/mfu; None: MFU not logged."""
+    """Accelerator peak TFLOP/s (bf16 dense: 989 on an H200) for perf/mfu and perf/hfu; None: not
+    logged."""
     forward: Literal["auto", "tree", "unpacked"] = "auto"
     """Training forward: tree (prefix-tree rows, ancestor mask) or unpacked (one padded row per
     sample; same loss). auto: tree on GPU (flex_attention with the tree's block mask), unpacked on

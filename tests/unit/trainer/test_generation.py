@@ -99,3 +99,12 @@ async def test_rollouts_vllm_client_generates_from_the_routes(model, unused_tcp_
     finally:
         await runner.cleanup()
         serving.cancel()
+
+
+def test_sampling_follows_the_distribution():
+    from agrpo.services.trainer.generation.sampling import sample
+
+    probs = torch.tensor([[0.0, 0.2, 0.0, 0.8]])
+    draws = sample(probs.log().expand(20000, 4), torch.Generator().manual_seed(0))
+    counts = torch.bincount(draws, minlength=4).float() / len(draws)
+    assert counts[0] == 0 and counts[2] == 0 and abs(counts[1] - 0.2) < 0.02 and abs(counts[3] - 0.8) < 0.02

@@ -25,11 +25,13 @@ def _learning_rates(cfg, steps: int, opt=None) -> list[float]:
     return lrs
 
 
-def test_defaults_constant_lr_and_cpu_adamw():
+def test_defaults_constant_lr_and_fused_adamw_on_the_cpu_too():
     cfg = AgrpoConfig()
     opt = build_optimizer(cfg, _model())
-    assert isinstance(opt, torch.optim.AdamW) and not opt.defaults.get("fused")  # fused needs an accelerator
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults.get("fused")  # torch has the CPU kernel
     assert _learning_rates(cfg, 3, opt) == [1e-6] * 3
+    plain = build_optimizer(AgrpoConfig(optim="adamw_torch"), _model())
+    assert not plain.defaults.get("fused")
 
 
 def test_weight_decay_skips_norms_and_biases():
