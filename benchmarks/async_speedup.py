@@ -80,7 +80,7 @@ def demo_options(label: str, schedule: str, staleness: int, seed: int, a, varian
     from agrpo.services.common.config.loader import merge
     from agrpo.demo import runner
 
-    overrides = {"token_budget": 0, "seed": seed}
+    overrides = {"token_budget": 0, "seed": seed, "launcher": {"generation": "vllm"}}  # the vLLM stack
     for extra in (a.set or {}, variant or {}):
         merge(overrides, extra)
     merge(overrides, {"trainer": {"schedule": schedule}})

@@ -16,6 +16,8 @@ class WeightTransport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WEIGHT_TRANSPORT_NCCL: _ClassVar[WeightTransport]
     WEIGHT_TRANSPORT_HTTP: _ClassVar[WeightTransport]
     WEIGHT_TRANSPORT_SHARED_PATH: _ClassVar[WeightTransport]
+    WEIGHT_TRANSPORT_IPC: _ClassVar[WeightTransport]
+    WEIGHT_TRANSPORT_LOCAL: _ClassVar[WeightTransport]
 
 class ServingState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -28,6 +30,8 @@ WEIGHT_TRANSPORT_UNSPECIFIED: WeightTransport
 WEIGHT_TRANSPORT_NCCL: WeightTransport
 WEIGHT_TRANSPORT_HTTP: WeightTransport
 WEIGHT_TRANSPORT_SHARED_PATH: WeightTransport
+WEIGHT_TRANSPORT_IPC: WeightTransport
+WEIGHT_TRANSPORT_LOCAL: WeightTransport
 SERVING_STATE_UNSPECIFIED: ServingState
 SERVING_STATE_STARTING: ServingState
 SERVING_STATE_SERVING: ServingState

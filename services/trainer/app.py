@@ -34,7 +34,7 @@ def build_pace(cfg: AgrpoConfig) -> Pace:
     """The pacing window from the config (services/trainer/pacing.py)."""
     per_version = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.weight_sync_steps
     return Pace(max_staleness=cfg.max_staleness, nominal_per_version=per_version, capacity=cfg.queue_maxsize,
-                group_size=cfg.num_generations, sync=cfg.trainer.schedule == "sync",
+                group_size=cfg.num_generations, sync=cfg.trainer.resolved_schedule == "sync",
                 fixed_window=cfg.trainer.credit_window)
 
 

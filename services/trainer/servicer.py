@@ -25,7 +25,8 @@ from .sample import MAX_ID_CHARS, Sample
 log = get_logger("trainer.servicer")
 
 _TRANSPORTS = {"http": common_pb2.WEIGHT_TRANSPORT_HTTP, "shared_path": common_pb2.WEIGHT_TRANSPORT_SHARED_PATH,
-               "nccl": common_pb2.WEIGHT_TRANSPORT_NCCL}
+               "nccl": common_pb2.WEIGHT_TRANSPORT_NCCL, "ipc": common_pb2.WEIGHT_TRANSPORT_IPC,
+               "local": common_pb2.WEIGHT_TRANSPORT_LOCAL}
 
 
 def sample_from_proto(msg: common_pb2.RolloutSample) -> Sample:

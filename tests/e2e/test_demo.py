@@ -1,6 +1,7 @@
-"""End to end: a shortened `agrpo demo` as separate processes (real vLLM, reward,
-trainer, rollout over gRPC). Asserts learning, staleness and exactly-once accounting
-from the run's own outputs (metrics JSONL and the trainer's trained-sample log)."""
+"""End to end: a shortened `agrpo demo` as separate processes (reward, trainer, rollout over
+gRPC), as a user gets it on this CPU machine (the trainer generates itself, sync schedule) and
+with real vLLM generating (the async schedule). Asserts learning, staleness and exactly-once
+accounting from the run's own outputs (metrics JSONL and the trainer's trained-sample log)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.slow]
 NUM_PROMPTS, EPOCHS, MAX_STALENESS = 48, 2, 2
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
+@pytest.fixture(scope="module", params=["default", "vllm"])
+def demo_run(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
+    generation = [] if request.param == "default" else ["--set", "launcher.generation=vllm"]
     # A finished earlier run in the same folder: the demo must start over, not resume from it.
     old = out / "trainer_output" / "checkpoint-999"
     old.mkdir(parents=True)
@@ -26,9 +28,11 @@ def demo_run(tmp_path_factory):
     proc = subprocess.run(
         [sys.executable, "-m", "agrpo.cli", "demo", "--epochs", str(EPOCHS),
          "--num-prompts", str(NUM_PROMPTS), "--learning-rate", "5e-3", "--out", str(out),
-         "--timeout", "900"],
+         "--timeout", "900", *generation],
         capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["generation"] == ("trainer" if request.param == "default" else "vllm"), summary
     return out, proc.stdout
 
 

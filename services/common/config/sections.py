@@ -222,9 +222,19 @@ class TrainerSection(ServiceSection):
     """Timeout of every collective between trainer ranks: a hung rank becomes an error."""
     exit_when_done: bool = False
     """Exit once training is done (agrpo run sets it); otherwise keep serving status until stopped."""
-    schedule: Literal["async", "sync"] = "async"
+    schedule: Literal["auto", "async", "sync"] = "auto"
     """async: generation runs up to max_staleness versions ahead of training. sync: the baseline
-    schedule of TRL's GRPOTrainer: generate one step's samples, train, sync, then generate again."""
+    schedule of TRL's GRPOTrainer: generate one step's samples, train, sync, then generate again.
+    auto: sync where the trainer generates itself (weight_transport local: generation and
+    training take turns on the same cores, and overlapping them in one process only makes both
+    wait; measured in docs/vs-trl.md), async everywhere else."""
+
+    @property
+    def resolved_schedule(self) -> Literal["async", "sync"]:
+        """The schedule in force (auto resolved)."""
+        if self.schedule != "auto":
+            return self.schedule
+        return "sync" if self.weight_transport == "local" else "async"
     overlap_weight_sync: bool = True
     """async schedule, http and shared_path transports: the weights are snapshotted, then pushed
     into vLLM while the next step trains (the trainer waits for the snapshot only). The sync
