@@ -55,7 +55,7 @@ def test_demo_reports_a_config_typo_in_one_line_before_building_anything(tmp_pat
     from agrpo.demo import cli, runner
 
     monkeypatch.setenv("AGRPO_MAX_STALENES", "2")
-    monkeypatch.setattr(runner, "_model_dir", lambda opts: pytest.fail("the model was built"))
+    monkeypatch.setattr(runner, "model_dir_of", lambda opts: pytest.fail("the model was built"))
     assert cli.main(["--steps", "3", "--out", str(tmp_path / "out"), "--cache", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("[demo] config error: max_stalenes: unknown key (from the environment, "
