@@ -236,12 +236,20 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=None, help="default: the task's")
     p.add_argument("--trl-threads", type=int, default=2, help="TRL's threads (its best on 2 cores)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a config key for every agrpo run (agrpo demo --set), for variants of the default")
+                   help="a config key for every agrpo run (agrpo demo --set)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+                   help="one more agrpo system: the default with these keys (e.g. agrpo-t2:trainer.threads=2)")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--cache", type=Path, default=ROOT / ".cache")
     p.add_argument("--out", type=Path, default=ROOT / "bench_output" / "vs_trl")
     a = p.parse_args()
     task, systems = TASKS[a.task], a.systems.split(",")
+    for spec in a.variant:
+        name, _, keys = spec.partition(":")
+        if not name or "=" not in keys:
+            p.error(f"--variant {spec!r}: expected NAME:KEY=VALUE[,KEY=VALUE]")
+        AGRPO_VARIANTS[name] = [x for kv in keys.split(",") for x in ("--set", kv)]
+        systems.append(name)
     unknown = [s for s in systems if s != "trl" and s not in AGRPO_VARIANTS]
     if unknown:
         p.error(f"--systems: unknown {unknown}; choose from trl, {', '.join(AGRPO_VARIANTS)}")

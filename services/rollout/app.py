@@ -65,13 +65,21 @@ class RolloutApp:
             limit=max(cfg.resolved_max_inflight_tasks, cfg.num_generations) + 8))
         clients = [VLLMClient(u, self.session, request_timeout=cfg.request_timeout, model=cfg.model,
                               endpoint=r.generate_endpoint) for u in cfg.vllm_urls]
-        infos = await asyncio.gather(*(c.handshake(cfg.vllm_server_timeout, r.min_vllm_version)
-                                       for c in clients))
+        # The tokenizer and the rows (seconds: transformers' import) load while the servers come up.
+        reading = asyncio.create_task(asyncio.to_thread(self._read_data, cfg.tokenizer or cfg.model))
+        try:
+            infos = await asyncio.gather(*(c.handshake(cfg.vllm_server_timeout, r.min_vllm_version)
+                                           for c in clients))
+        except BaseException:
+            reading.cancel()
+            raise
         max_model_len = min(i.max_model_len for i in infos)
         self.balancer = Balancer(clients, retries=r.request_retries, backoff_s=r.server_backoff_s,
                                  backoff_max_s=r.server_backoff_max_s,
                                  on_latency=lambda u, s: self.metrics.vllm_latency.labels(u).observe(s))
-        self.tokenizer, self.prompts = await asyncio.to_thread(self._load_data, infos[0].model, max_model_len)
+        tokenizer, rows = await reading
+        self.tokenizer, self.prompts = await asyncio.to_thread(self._prompt_set, tokenizer, rows, infos[0].model,
+                                                               max_model_len)
         self.metrics.skipped.set(self.prompts.skipped)
         self.scheduler = PromptScheduler(self.prompts.order, self._num_epochs())
         opts = dict(max_message_mb=r.max_message_mb, tls=cfg.tls, auth=cfg.auth)
@@ -100,15 +108,22 @@ class RolloutApp:
             log.warning("reward service not reachable at start-up (%s): its columns are not checked",
                         exc.code().name)
 
-    def _load_data(self, served_model: str, max_model_len: int):
+    def _read_data(self, tokenizer_name: str | None):
+        """The tokenizer (None without a name: the served model's, once known) and the rows."""
         cfg = self.cfg
-        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model or served_model, cfg.trust_remote_code)
+        tokenizer = load_tokenizer(tokenizer_name, cfg.trust_remote_code) if tokenizer_name else None
         from .multiturn import runner as multiturn
 
         if cfg.dataset.path is None and cfg.environment_factory:
-            rows = multiturn.environment_rows(cfg)
-        else:
-            rows = load_rows(cfg.dataset)
+            return tokenizer, multiturn.environment_rows(cfg)
+        return tokenizer, load_rows(cfg.dataset)
+
+    def _prompt_set(self, tokenizer, rows: list[dict], served_model: str, max_model_len: int):
+        """Render and filter the rows for these servers' max_model_len."""
+        cfg = self.cfg
+        tokenizer = tokenizer or load_tokenizer(served_model, cfg.trust_remote_code)
+        from .multiturn import runner as multiturn
+
         prompts = build_prompt_set(rows, tokenizer, prompt_column=cfg.dataset.prompt_column,
                                    max_prompt_len=max_model_len - cfg.max_completion_length,
                                    chat_template_kwargs=cfg.chat_template_kwargs,
