@@ -114,8 +114,9 @@ class VLLMClient:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return False
 
-    async def wait_healthy(self, timeout_s: float, poll_s: float = 1.0, say_every_s: float = 5.0) -> None:
-        """Poll /health until 200, saying so every few seconds; TimeoutError after timeout_s."""
+    async def wait_healthy(self, timeout_s: float, poll_s: float = 0.1, say_every_s: float = 5.0) -> None:
+        """Poll /health until 200, saying so every few seconds; TimeoutError after timeout_s. Polled
+        often: the first step waits for it (a local refused connection costs microseconds)."""
         t0 = time.monotonic()
         said = t0
         while not await self.healthy():
