@@ -1,6 +1,6 @@
 """Hugging Face TRL 1.16.0's own `GRPOTrainer` on an agrpo task: the baseline of benchmarks/vs_trl.py.
 
-Runs in .venv-trl (scripts/setup_trl_env.sh), never in .venv: it imports nothing of agrpo
+Runs in .venv-trl (`scripts/setup_env.sh trl`), never in .venv: it imports nothing of agrpo
 (`services`, `agrpo`, `gen`). The reward is loaded from a file path (`--reward-file
 agrpo/demo/task.py --reward-func digit_share`), so both sides call the same source.
 The prompts file holds rows {"prompt": [chat messages], "solution": ...}; TRL applies the

