@@ -91,12 +91,13 @@ def demo_options(label: str, schedule: str, staleness: int, seed: int, a, varian
 
 def run_one(label: str, schedule: str, staleness: int, seed: int, a, variant: dict | None = None) -> dict:
     """One demo run and its numbers."""
-    from agrpo.demo import report, runner
+    from agrpo.demo import runner
+    from agrpo.launcher.progress import read_steps
 
     name, opts = f"{label}_seed{seed}", demo_options(label, schedule, staleness, seed, a, variant)
     print(f"[bench] {name}: schedule={schedule} max_staleness={staleness} seed={seed}", flush=True)
     summary = runner.run(opts)
-    rows = report.read_steps(opts.out / "metrics.jsonl")
+    rows = read_steps(opts.out / "metrics.jsonl")
     return {"name": name, "schedule": schedule, "max_staleness": staleness, "seed": seed,
             "variant": label, **run_numbers(summary, rows, a.warmup, 8, a.good)}
 
@@ -170,7 +171,7 @@ def plot(results: list[dict], out: Path) -> Path | None:
         import matplotlib
     except ImportError:
         return None
-    from agrpo.demo import report
+    from agrpo.launcher.progress import read_steps
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -178,7 +179,7 @@ def plot(results: list[dict], out: Path) -> Path | None:
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
     colors, seen = {"sync": "tab:blue"}, set()
     for r in results:
-        rows = report.read_steps(out / r["name"] / "metrics.jsonl")
+        rows = read_steps(out / r["name"] / "metrics.jsonl")
         if not rows:
             continue
         label = r["variant"]  # sync, async_s2, async_s2_<variant>: one color each

@@ -1,40 +1,13 @@
-"""What the demo shows: a line per step, a PNG of reward, length and KL, a closing summary."""
+"""What the demo shows beyond a job's line per step (agrpo/launcher/progress.py): a PNG of reward,
+length and KL, a closing summary."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 
-
-def read_steps(path: Path) -> list[dict]:
-    """Step records of the trainer's metrics JSONL (lines with a "step")."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written
-        if isinstance(row, dict) and "step" in row:
-            rows.append(row)
-    return rows
-
-
-def _num(row: dict, key: str) -> float:
-    value = row.get(key)
-    return float(value) if isinstance(value, (int, float)) else float("nan")
-
-
-def step_line(row: dict) -> str:
-    """`step 12 | v 12 | reward 0.41 | staleness 0.8 | 21.3 samples/s | loss -0.003`."""
-    wall = _num(row, "perf/step_s") + _num(row, "perf/wait_s")
-    samples_per_s = _num(row, "sample/trained") / wall if wall > 0 else float("nan")
-    return (f"step {int(row['step']):>4} | v {int(_num(row, 'policy_version')):>3} | "
-            f"reward {_num(row, 'reward'):.3f} | staleness {_num(row, 'sample/staleness_mean'):.2f} | "
-            f"{samples_per_s:5.1f} samples/s | loss {_num(row, 'loss'):+.4f}")
+from agrpo.launcher.progress import number as _num
 
 
 def window_means(rows: list[dict], key: str = "reward", n: int = 10) -> tuple[float, float]:

@@ -30,7 +30,7 @@ from agrpo.services.common.config import ConfigError, load_config
 from agrpo.services.common.config.loader import merge
 from agrpo.launcher.job import Job, JobOptions
 from agrpo.launcher.vllm_plan import trainer_generates
-from agrpo.launcher.progress import StepFollower
+from agrpo.launcher.progress import StepFollower, read_steps
 from .task import write_arithmetic_dataset
 
 
@@ -255,7 +255,7 @@ def run(opts: DemoOptions) -> dict:
 
 def _write_summary(opts: DemoOptions, wall_s: float, cfg, status: dict, info: dict) -> dict:
     """summary.json (+ the plot) from the metrics written so far and the last statuses."""
-    rows = report.read_steps(opts.out / "metrics.jsonl")
+    rows = read_steps(opts.out / "metrics.jsonl")
     max_staleness = cfg.max_staleness if cfg else opts.max_staleness
     result = report.summary(rows, wall_s, max_staleness, status, cfg.num_generations if cfg else 8)
     result.update(info)

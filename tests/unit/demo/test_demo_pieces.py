@@ -6,6 +6,7 @@ import math
 import pytest
 
 from agrpo.demo import report
+from agrpo.launcher import progress
 from agrpo.demo.task import digit_share, final_answer, write_arithmetic_dataset
 
 
@@ -40,12 +41,12 @@ def test_summary_compares_first_and_last_ten_steps(tmp_path):
     rows = [{"step": i, "reward": i / 100, "loss": 0.1, "sample/staleness_max": i % 3,
              "sample/trained": 16} for i in range(1, 31)]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{partial")
-    read = report.read_steps(path)
+    read = progress.read_steps(path)
     assert len(read) == 30
     out = report.summary(read, wall_s=12.0, max_staleness=2)
     assert math.isclose(out["reward_first10"], 0.055) and math.isclose(out["reward_last10"], 0.255)
     assert out["max_trained_staleness"] == 2 and out["samples_trained"] == 480
-    line = report.step_line({"step": 3, "policy_version": 4, "reward": 0.5, "loss": -0.1,
+    line = progress.step_line({"step": 3, "policy_version": 4, "reward": 0.5, "loss": -0.1,
                              "sample/staleness_mean": 1.0, "sample/trained": 10,
                              "perf/step_s": 1.0, "perf/wait_s": 1.0})
     assert "step    3" in line and "5.0 samples/s" in line and "reward 0.500" in line
