@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 
 import aiohttp
 import grpc
@@ -65,14 +66,11 @@ class RolloutApp:
             limit=max(cfg.resolved_max_inflight_tasks, cfg.num_generations) + 8))
         clients = [VLLMClient(u, self.session, request_timeout=cfg.request_timeout, model=cfg.model,
                               endpoint=r.generate_endpoint) for u in cfg.vllm_urls]
-        # The tokenizer and the rows (seconds: transformers' import) load while the servers come up.
-        reading = asyncio.create_task(asyncio.to_thread(self._read_data, cfg.tokenizer or cfg.model))
-        try:
-            infos = await asyncio.gather(*(c.handshake(cfg.vllm_server_timeout, r.min_vllm_version)
-                                           for c in clients))
-        except BaseException:
-            reading.cancel()
-            raise
+        # The tokenizer and the rows (seconds: transformers' import) load while the servers come up,
+        # in a daemon thread: a start that fails on the servers must not wait for it to exit.
+        reading = in_daemon_thread(self._read_data, cfg.tokenizer or cfg.model)
+        infos = await asyncio.gather(*(c.handshake(cfg.vllm_server_timeout, r.min_vllm_version)
+                                       for c in clients))
         max_model_len = min(i.max_model_len for i in infos)
         self.balancer = Balancer(clients, retries=r.request_retries, backoff_s=r.server_backoff_s,
                                  backoff_max_s=r.server_backoff_max_s,
@@ -276,3 +274,24 @@ class RolloutApp:
 
 async def _ignore_state(stale: bool) -> None:
     return None
+
+
+def in_daemon_thread(fn, *args) -> asyncio.Future:
+    """fn(*args) in a daemon thread, as a future of this event loop (asyncio.to_thread's
+    threads are joined at exit, so a slow call there would hold up a failing process)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result=None, error: BaseException | None = None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def run() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result)
+    threading.Thread(target=run, name="rollout-read-data", daemon=True).start()
+    return future

@@ -203,7 +203,7 @@ class TrainerLoop:
         self.trained_at_version = 0
         push = self._push(version, self.state.step)
         overlap = self.cfg.trainer.overlap_weight_sync and not self.pace.sync and \
-            getattr(self.syncer.transport, "snapshot", False)
+            self.syncer.transport.snapshot
         if overlap:
             self._pushing = asyncio.create_task(push)
         else:

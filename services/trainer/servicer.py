@@ -14,6 +14,7 @@ import grpc
 from agrpo.v1 import common_pb2
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
+from agrpo.services.common import weight_transports
 from agrpo.services.common.errors import InvalidArgument, Unavailable, grpc_errors
 from agrpo.services.common.identity import Identity, now_timestamp
 from agrpo.services.common.logging import get_logger
@@ -24,9 +25,10 @@ from .sample import MAX_ID_CHARS, Sample
 
 log = get_logger("trainer.servicer")
 
-_TRANSPORTS = {"http": common_pb2.WEIGHT_TRANSPORT_HTTP, "shared_path": common_pb2.WEIGHT_TRANSPORT_SHARED_PATH,
-               "nccl": common_pb2.WEIGHT_TRANSPORT_NCCL, "ipc": common_pb2.WEIGHT_TRANSPORT_IPC,
-               "local": common_pb2.WEIGHT_TRANSPORT_LOCAL}
+def _transport_enum(name: str) -> int:
+    """The contract's WeightTransport value of a registered transport (0 when unknown)."""
+    return common_pb2.WeightTransport.Value(weight_transports.proto_name(name)) \
+        if name in weight_transports.TRANSPORTS else common_pb2.WEIGHT_TRANSPORT_UNSPECIFIED
 
 
 def sample_from_proto(msg: common_pb2.RolloutSample) -> Sample:
@@ -127,7 +129,7 @@ class TrainerServicer(trainer_grpc.TrainerServiceServicer):
                     return
                 policy = common_pb2.PolicyVersion(
                     version=info.version, step=info.step, weight_label=info.weight_label,
-                    transport=_TRANSPORTS.get(info.transport, 0), weights_uri=info.weights_uri,
+                    transport=_transport_enum(info.transport), weights_uri=info.weights_uri,
                     synced_servers=list(info.synced_servers), published_at=now_timestamp(),
                     max_staleness=self.app.cfg.max_staleness, lineage=lineage_to_proto(info.lineage))
                 yield trainer_pb.WatchPolicyResponse(policy=policy)

@@ -4,10 +4,10 @@ scheduler, engine, weight transport and syncer, step logger. Blocking (runs in a
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 
+from agrpo.services.common import weight_transports
 from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.preflight import StartupError
@@ -16,30 +16,21 @@ from . import checkpoint
 from .loop import TrainerLoop
 from .metrics import StepLogger
 from .weight_sync import WeightSyncer
-from .weight_sync.transports import HttpTransport, SharedPathTransport
+from .weight_sync.base import WeightTransport
 
 log = get_logger("trainer.setup")
 
 
-def make_transport(cfg: AgrpoConfig, device: torch.device):
-    """auto: NCCL when training on a GPU, HTTP on CPU."""
+def make_transport(cfg: AgrpoConfig, device: torch.device) -> WeightTransport:
+    """The registered transport the config names (services/common/weight_transports.py);
+    auto: NCCL when training on a GPU, HTTP on CPU."""
     kind = cfg.trainer.weight_transport
     if kind == "auto":
         kind = "nccl" if device.type == "cuda" else "http"
-    if kind in ("nccl", "ipc") and device.type != "cuda":  # a config error, not the model's
+    cls = weight_transports.load(kind)
+    if cls.needs_gpu and device.type != "cuda":  # a config error, not the model's
         raise StartupError(f"trainer.weight_transport={kind} needs the trainer on a GPU (it trains on {device})")
-    if kind == "ipc":
-        from .weight_sync.ipc import IpcTransport
-
-        return IpcTransport()
-    if kind == "http":
-        return HttpTransport(cfg.trainer.http_chunk_mb, reload=cfg.trainer.cpu_reload)
-    if kind == "shared_path":
-        folder = cfg.trainer.shared_weights_dir or Path(cfg.resolved_output_dir) / "shared_weights"
-        return SharedPathTransport(folder, reload=cfg.trainer.cpu_reload)
-    from .weight_sync.nccl import NcclTransport
-
-    return NcclTransport()
+    return cls.from_config(cfg, device)
 
 
 def local_syncer(cfg: AgrpoConfig, model: torch.nn.Module, tokenizer):

@@ -11,6 +11,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agrpo.services.common import weight_transports
+
+WeightTransportName = Literal[("auto", *weight_transports.NAMES)]  # type: ignore[valid-type]
+"""auto or a registered transport (services/common/weight_transports.py)."""
+
 
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors."""
@@ -165,7 +170,7 @@ class TrainerSection(ServiceSection):
 
     port: int = Field(50051, ge=0, le=65535)
     metrics_port: int | None = Field(9101, ge=0, le=65535)
-    weight_transport: Literal["auto", "http", "shared_path", "nccl", "ipc", "local"] = "auto"
+    weight_transport: WeightTransportName = "auto"
     """How weights reach vLLM: auto picks nccl on GPU, http on CPU (agrpo run picks shared_path
     for a CPU vLLM it started itself: a file per version under output_dir, no base64 JSON; and
     ipc when vLLM shares the trainer's GPU). ipc: CUDA IPC on one GPU, loaded by our worker

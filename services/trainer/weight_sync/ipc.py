@@ -28,7 +28,8 @@ import time
 import torch
 
 from .client import IPC_CHECK, IPC_LOAD, VLLMAdmin, WeightSyncError
-from .transports import Prepared, gpu_uuid, manifest
+from .base import Prepared, WeightTransport
+from .transports import gpu_uuid, manifest
 
 ALIGN = 256  # bytes: every tensor starts on a boundary any dtype (and any kernel) accepts
 
@@ -64,12 +65,16 @@ def share_fields(ipc_args: tuple, uuid: str) -> dict:
             "event_sync_required": bool(event_sync_required)}
 
 
-class IpcTransport:
+class IpcTransport(WeightTransport):
     """One shared buffer per trainer; each version is copied into it and loaded from it."""
 
     name = "ipc"
-    snapshot = True    # prepare() copies: training may go on while the server loads
     direct_only = True  # no vLLM load flow: only our worker extension opens the handle
+    needs_gpu = True
+
+    @classmethod
+    def from_config(cls, cfg, device: torch.device) -> IpcTransport:
+        return cls()
 
     def __init__(self, uuid: str | None = None) -> None:
         self.uuid = uuid  # this trainer's GPU (None: the current device's, asked at init)

@@ -18,20 +18,27 @@ import torch
 
 from agrpo.services.common.logging import get_logger
 
+from .base import Prepared, WeightTransport
 from .orchestrator import SyncReport
 
 log = get_logger("trainer.weight_sync.local")
 
 
-class LocalTransport:
-    """Nothing travels: the generator copies the trainer's weights in its own process."""
+class LocalTransport(WeightTransport):
+    """Nothing travels: the generator copies the trainer's weights in its own process
+    (LocalSyncer does the copy; this class only names the transport)."""
 
     name = "local"
-    snapshot = True  # the copy is taken before the next step trains
-    in_band = False
 
-    def close(self) -> None:
-        pass
+    @classmethod
+    def from_config(cls, cfg, device: torch.device) -> LocalTransport:
+        return cls()
+
+    def prepare(self, named, version: int) -> Prepared:
+        raise NotImplementedError("weight_transport local copies in LocalSyncer.prepare_now")
+
+    async def send(self, admin, prepared: Prepared) -> None:
+        raise NotImplementedError("weight_transport local sends nothing")
 
 
 class _LocalAdmin:

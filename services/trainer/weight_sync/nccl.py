@@ -42,7 +42,8 @@ from agrpo.services.common.logging import get_logger
 from agrpo.services.common.vllm_process import parse_vllm_version as parse_version
 
 from .client import IPC_CHECK, VLLMAdmin, WeightSyncError
-from .transports import Prepared, gpu_uuid, manifest
+from .base import Prepared, WeightTransport
+from .transports import gpu_uuid, manifest
 
 DEFAULT_BUFFER_BYTES = 1 << 30
 DEFAULT_NUM_BUFFERS = 2
@@ -235,11 +236,16 @@ class _Comm:
             log.warning("nccl abort failed: %s", exc)
 
 
-class NcclTransport:
+class NcclTransport(WeightTransport):
     """Rank-0 NCCL sender, one communicator per server (needs a GPU separate from vLLM's)."""
 
     name = "nccl"
     snapshot = False  # sends the live parameters: the next step must wait for the push
+    needs_gpu = True
+
+    @classmethod
+    def from_config(cls, cfg, device: torch.device) -> NcclTransport:
+        return cls()
 
     def __init__(self, buffer_bytes: int = DEFAULT_BUFFER_BYTES, rendezvous: str = "auto",
                  timeout: float = 120.0, master_address: str | None = None) -> None:

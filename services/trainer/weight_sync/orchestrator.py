@@ -40,7 +40,7 @@ from agrpo.services.common.logging import get_logger
 from agrpo.services.common.vllm_process import parse_vllm_version
 
 from .client import SWAP_METHOD, VLLMAdmin, WeightSyncError
-from .transports import Prepared
+from .base import Prepared
 
 log = get_logger("trainer.weight_sync")
 
@@ -246,7 +246,7 @@ class WeightSyncer:
         await self.transport.init(admin)
         admin.direct = False
         server.quick_pause = parse_vllm_version(await admin.server_version()) >= (0, 26, 0)
-        if getattr(self.transport, "direct_only", False):  # its init checked the extension
+        if self.transport.direct_only:  # its init checked the extension
             admin.direct, server.labels = True, await admin.has_weight_labels()
             return
         if self.load_mode == "vllm":
@@ -264,7 +264,7 @@ class WeightSyncer:
     async def _can_swap(self, admin: VLLMAdmin) -> bool:
         """trainer.weight_swap, a transport whose payload is in the request, and a server
         whose engine core answers the swap's probe."""
-        if not (self.swap and getattr(self.transport, "in_band", False)):
+        if not (self.swap and self.transport.in_band):
             return False
         try:
             results = await admin.rpc("init", SWAP_METHOD, json.dumps({"probe": True}))

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import base64
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from .base import Prepared, WeightTransport
 from .client import VLLMAdmin
 
 _PREFIXES = ("module.", "_checkpoint_wrapped_module.", "_orig_mod.")
@@ -77,27 +76,19 @@ def cpu_init_info(reload: str) -> dict[str, str]:
     return {} if reload == "auto" else {"reload": reload}
 
 
-@dataclass
-class Prepared:
-    """A version's payload: update_info dicts for /update_weights, plus where it lives."""
-
-    version: int
-    update_infos: list[dict[str, Any]]
-    uri: str = ""
-    nbytes: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class HttpTransport:
+class HttpTransport(WeightTransport):
     """Inline base64 safetensors chunks."""
 
     name = "http"
-    snapshot = True  # prepare() serialises: training may change the weights once it returns
     in_band = True  # the payload is in update_info: the engine's one-call swap can carry it
 
     def __init__(self, chunk_mb: int = 64, reload: str = "auto") -> None:
         self.chunk_bytes = chunk_mb * 1024 * 1024
         self.reload = reload
+
+    @classmethod
+    def from_config(cls, cfg, device: torch.device) -> HttpTransport:
+        return cls(cfg.trainer.http_chunk_mb, reload=cfg.trainer.cpu_reload)
 
     async def init(self, admin: VLLMAdmin) -> None:
         await admin.init_engine(cpu_init_info(self.reload))
@@ -116,19 +107,20 @@ class HttpTransport:
         for info in prepared.update_infos:
             await admin.update(info)
 
-    def close(self) -> None:
-        pass
 
-
-class SharedPathTransport:
+class SharedPathTransport(WeightTransport):
     """A safetensors file per version in a folder shared with the servers."""
 
     name = "shared_path"
-    snapshot = True
     in_band = True
 
     def __init__(self, folder: Path, keep: int = 2, reload: str = "auto") -> None:
         self.folder, self.keep, self.reload = Path(folder), keep, reload
+
+    @classmethod
+    def from_config(cls, cfg, device: torch.device) -> SharedPathTransport:
+        folder = cfg.trainer.shared_weights_dir or Path(cfg.resolved_output_dir) / "shared_weights"
+        return cls(folder, reload=cfg.trainer.cpu_reload)
 
     async def init(self, admin: VLLMAdmin) -> None:
         await admin.init_engine(cpu_init_info(self.reload))
@@ -159,7 +151,4 @@ class SharedPathTransport:
     async def send(self, admin: VLLMAdmin, prepared: Prepared) -> None:
         for info in prepared.update_infos:
             await admin.update(info)
-
-    def close(self) -> None:
-        pass
 

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from agrpo.services.trainer.weight_sync import WeightSyncer
-from agrpo.services.trainer.weight_sync.transports import Prepared
+from agrpo.services.trainer.weight_sync.base import Prepared, WeightTransport
 
 
 class FakeVLLM:
@@ -109,19 +109,25 @@ class FakeVLLM:
         await self.runner.cleanup()
 
 
-class NoopTransport:
+class NoopTransport(WeightTransport):
+    """The update phase as http sends it, with a payload the test builds."""
+
     name = "http"
     in_band = True
+
+    @classmethod
+    def from_config(cls, cfg, device):
+        return cls()
 
     async def init(self, admin) -> None:
         await admin.init_engine({})
 
+    def prepare(self, named, version):
+        return _prepare(version)()
+
     async def send(self, admin, prepared) -> None:
         for info in prepared.update_infos:
             await admin.update(info)
-
-    def close(self) -> None:
-        pass
 
 
 def _prepare(version: int):
