@@ -14,11 +14,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 
-def is_stale(trainer_version: int, policy_version: int, max_staleness: int) -> bool:
-    """True when `policy_version` lags `trainer_version` by more than `max_staleness`."""
-    return trainer_version - policy_version > max_staleness
-
-
 def oldest_version(versions: Iterable[int | None], fallback: int) -> int:
     """The smallest known version (None entries are unknown), else `fallback`."""
     known = [v for v in versions if v is not None]

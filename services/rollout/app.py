@@ -88,7 +88,7 @@ class RolloutApp:
         scorer = Scorer(self.reward_channel, deadline_s=r.scoring_deadline_s, retries=r.scoring_retries)
         await self._check_reward_columns(scorer)
         self.sender = Sender(self.trainer_channel, producer_id=self.identity.instance_id,
-                             prompts_per_epoch=len(self.prompts), max_staleness=cfg.max_staleness,
+                             prompts_per_epoch=len(self.prompts),
                              heartbeat_s=r.heartbeat_interval_s, reconnect_s=r.trainer_reconnect_s,
                              hooks=self)
         self.engine = Engine(cfg, prompts=self.prompts, tokenizer=self.tokenizer, scheduler=self.scheduler,
@@ -249,7 +249,9 @@ class RolloutApp:
 
     def on_sent(self, sample) -> None:
         self.metrics.samples_sent.inc()
-        self.metrics.staleness.observe(max(0, self.version() - sample.policy_version))
+        distance = self.engine.lineage.distance(self.version(), sample.policy_version) if self.engine else None
+        if distance is not None:  # off the lineage: it will not be trained, and has no distance
+            self.metrics.staleness.observe(max(0, distance))
 
     def version(self) -> int:
         return self.engine.version if self.engine else 0

@@ -46,11 +46,10 @@ class Sender:
     """Holds samples until the trainer is done with them and streams them under credit."""
 
     def __init__(self, channel: grpc.aio.Channel, *, producer_id: str, prompts_per_epoch: int,
-                 max_staleness: int, heartbeat_s: float, reconnect_s: float, hooks) -> None:
+                 heartbeat_s: float, reconnect_s: float, hooks) -> None:
         self.stub = trainer_grpc.TrainerServiceStub(channel)
         self.producer_id = producer_id
         self.prompts_per_epoch = prompts_per_epoch
-        self.max_staleness = max_staleness
         self.heartbeat_s = heartbeat_s
         self.reconnect_s = reconnect_s
         self.hooks = hooks  # the RolloutApp: on_resume, on_group_done, on_version, on_lineage, on_credits,

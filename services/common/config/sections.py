@@ -78,8 +78,6 @@ class ServiceSection(Section):
     """Largest gRPC message sent or received, in MiB."""
     grace_s: float = Field(10.0, ge=0)
     """Seconds in-flight calls get to finish on SIGTERM."""
-    deadline_s: float = Field(30.0, gt=0)
-    """Deadline of a unary call to this service."""
 
     @property
     def dial_address(self) -> str:
@@ -170,6 +168,9 @@ class TrainerSection(ServiceSection):
 
     port: int = Field(50051, ge=0, le=65535)
     metrics_port: int | None = Field(9101, ge=0, le=65535)
+    deadline_s: float = Field(30.0, gt=0)
+    """Deadline of a unary call to the trainer (rollout's; reward calls have
+    rollout.scoring_deadline_s)."""
     weight_transport: WeightTransportName = "auto"
     """How weights reach vLLM: auto picks nccl on GPU, http on CPU (agrpo run picks shared_path
     for a CPU vLLM it started itself: a file per version under output_dir, no base64 JSON; and

@@ -1,6 +1,6 @@
 """The version rules both trainer and rollout use (services/common/versions.py)."""
 
-from agrpo.services.common.versions import is_stale, label_to_version, oldest_version
+from agrpo.services.common.versions import Lineage, label_to_version, oldest_version
 
 
 def test_label_to_version():
@@ -11,7 +11,8 @@ def test_label_to_version():
     assert label_to_version("x") is None
 
 
-def test_is_stale_is_strictly_more_than_max_staleness():
+def test_stale_is_strictly_more_than_max_staleness():
+    is_stale = Lineage().stale  # the rule trainer and rollout use
     assert not is_stale(5, 3, 2)
     assert is_stale(6, 3, 2)
     assert not is_stale(3, 3, 0) and is_stale(4, 3, 0)

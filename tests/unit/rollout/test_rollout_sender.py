@@ -43,7 +43,7 @@ def group(index, version, size=4):
 @pytest.fixture
 async def sender():
     channel = grpc.aio.insecure_channel("127.0.0.1:9")  # never connected: no stream is opened
-    yield Sender(channel, producer_id="test", prompts_per_epoch=8, max_staleness=1,
+    yield Sender(channel, producer_id="test", prompts_per_epoch=8,
                  heartbeat_s=1.0, reconnect_s=1.0, hooks=Hooks())
     await channel.close()
 

@@ -35,7 +35,9 @@ def test_same_key_in_another_epoch_is_a_different_prompt():
 
 
 def test_batchers_evict_samples_that_went_stale_in_open_rows():
-    from agrpo.services.common.versions import is_stale
+    from agrpo.services.common.versions import Lineage
+
+    is_stale = Lineage().stale
     from agrpo.services.trainer.packing import FixedCountBatcher, TokenBudgetBatcher
 
     old, fresh = _sample("o1", "g1"), _sample("f1", "g2", key=(5, 0))
