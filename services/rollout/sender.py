@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 
@@ -25,11 +26,45 @@ from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 from agrpo.services.common.identity import now_timestamp
 from agrpo.services.common.logging import get_logger
-from agrpo.services.common.versions import lineage_from_proto
+from agrpo.services.common.versions import Lineage, lineage_from_proto
 
 log = get_logger("rollout.sender")
 FINAL = {trainer_pb.SAMPLE_OUTCOME_TRAINED: "trained", trainer_pb.SAMPLE_OUTCOME_DUPLICATE: "duplicate",
          trainer_pb.SAMPLE_OUTCOME_DROPPED_STALE: "stale", trainer_pb.SAMPLE_OUTCOME_REJECTED: "rejected"}
+
+
+class SenderHooks(Protocol):
+    """What the sender tells its owner (services/rollout/app.py) and asks of it."""
+
+    def on_resume(self, resume_point: common_pb2.ResumePoint) -> None:
+        """The trainer's resume point, on every (re)connection: what it trained, its version."""
+
+    def on_group_done(self, key: tuple[int, int], ok: bool, reason: str) -> None:
+        """Every sample of the group is final at the trainer; ok: some of it was trained."""
+
+    def on_version(self, version: int) -> None:
+        """The trainer's policy version, as a PushSamples answer carries it."""
+
+    def on_lineage(self, lineage: Lineage) -> None:
+        """The trainer's lineage, from the resume point."""
+
+    def on_credits(self) -> None:
+        """New credits arrived: generation may start more groups."""
+
+    def on_heard(self) -> None:
+        """The trainer answered: it is alive."""
+
+    def on_sent(self, sample: common_pb2.RolloutSample) -> None:
+        """A sample left for the trainer."""
+
+    def is_stale(self, version: int) -> bool:
+        """A group of this version can no longer be trained."""
+
+    def version(self) -> int:
+        """The trainer's version as the owner knows it."""
+
+    def heartbeat(self) -> common_pb2.HeartbeatRequest:
+        """The heartbeat to send on an idle stream."""
 
 
 @dataclass
@@ -46,14 +81,13 @@ class Sender:
     """Holds samples until the trainer is done with them and streams them under credit."""
 
     def __init__(self, channel: grpc.aio.Channel, *, producer_id: str, prompts_per_epoch: int,
-                 heartbeat_s: float, reconnect_s: float, hooks) -> None:
+                 heartbeat_s: float, reconnect_s: float, hooks: SenderHooks) -> None:
         self.stub = trainer_grpc.TrainerServiceStub(channel)
         self.producer_id = producer_id
         self.prompts_per_epoch = prompts_per_epoch
         self.heartbeat_s = heartbeat_s
         self.reconnect_s = reconnect_s
-        self.hooks = hooks  # the RolloutApp: on_resume, on_group_done, on_version, on_lineage, on_credits,
-        # on_heard, on_sent, is_stale, version, heartbeat
+        self.hooks = hooks
         self.samples: OrderedDict[str, common_pb2.RolloutSample] = OrderedDict()
         self.groups: dict[str, _Group] = {}
         self.unsent: OrderedDict[str, None] = OrderedDict()  # produced, not sent: send order
