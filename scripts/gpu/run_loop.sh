@@ -95,7 +95,7 @@ nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,
 SMI=$!
 say "demo --gpu --steps $STEPS (timeout ${DEMO_TIMEOUT}s) ${DEMO_ARGS:-}"
 # shellcheck disable=SC2086
-AGRPO_VLLM_PYTHON=$VLLM_PY timeout -k 45 "$DEMO_TIMEOUT" python3 -m agrpo.cli demo --gpu --steps "$STEPS" --out "$RUN_DIR" \
+AGRPO_VLLM_PYTHON=$VLLM_PY timeout -k 45 "$DEMO_TIMEOUT" python3 -m agrpo.cli demo --gpu --steps "$STEPS" --out "$RUN_DIR" --set launcher.generation=vllm \
   --cache /tmp/agrpo-cache --timeout $((DEMO_TIMEOUT > 210 ? DEMO_TIMEOUT - 150 : DEMO_TIMEOUT)) "${EXT_ARGS[@]}" ${DEMO_ARGS:-}
 RC=$?
 kill "$SMI" 2>/dev/null

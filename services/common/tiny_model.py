@@ -139,28 +139,32 @@ def _save_atomically(out: Path, params: dict, save) -> None:
 
 
 def make_tiny_model(out_dir, seed: int = 0, hidden_size: int = 128, intermediate_size: int = 256,
-                    num_layers: int = 2, vocab_size: int = 1024) -> Path:
-    """Write a tiny Qwen2ForCausalLM + tokenizer to ``out_dir``; return the path.
+                    num_layers: int = 2, vocab_size: int = 1024, num_heads: int = 4, num_kv_heads: int = 2,
+                    init_std: float = 0.2) -> Path:
+    """Write a random Qwen2ForCausalLM + tokenizer to ``out_dir``; return the path.
 
     Deterministic for given arguments (same seed -> byte-identical safetensors).
     A no-op if ``out_dir`` already holds a model built with the same arguments.
+    ``init_std`` 0.2 suits two layers (see above); a deep stack needs HF's 0.02, or its
+    residual stream saturates and every sample is the same.
     """
     out = Path(out_dir)
     params = dict(format=FORMAT_VERSION, seed=seed, hidden_size=hidden_size,
                   intermediate_size=intermediate_size, num_layers=num_layers, vocab_size=vocab_size)
+    if (num_heads, num_kv_heads, init_std) != (4, 2, 0.2):  # keeps the markers of models built before
+        params.update(num_heads=num_heads, num_kv_heads=num_kv_heads, init_std=init_std)
     if _built_with(out, params):
         return out
-    num_heads = 4
     head_dim = hidden_size // num_heads
     if hidden_size % num_heads or head_dim not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512):
-        raise ValueError(f"head_dim={head_dim} (hidden_size/4) is not supported by vLLM's CPU attention")
+        raise ValueError(f"head_dim={head_dim} (hidden_size/num_heads) is not supported by vLLM's CPU attention")
 
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tok = _make_tokenizer(vocab_size)
     cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-                      num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=2,
+                      num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
                       max_position_embeddings=1024, tie_word_embeddings=False, rope_theta=10000.0,
                       bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                       dtype="float32")
@@ -170,7 +174,7 @@ def make_tiny_model(out_dir, seed: int = 0, hidden_size: int = 128, intermediate
         with torch.no_grad():
             for p in model.parameters():
                 if p.dim() == 2:
-                    p.normal_(0.0, 0.2)
+                    p.normal_(0.0, init_std)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.bos_token_id = None

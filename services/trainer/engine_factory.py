@@ -35,6 +35,6 @@ def build_engine(cfg: AgrpoConfig, model_path: str, shard=None):
     engine = Engine(root, optimizer, scheduler,
                     EngineConfig(loss, cfg.max_grad_norm, tree=tree, autocast=autocast_dtype(cfg, device),
                                  router_aux_loss_coef=cfg.router_aux_loss_coef,
-                                 fp32_head=cfg.cast_lm_head_to_fp32, compile_layers=cfg.trainer.compile,
-                                 compile_head=cfg.trainer.compile, device=device))
+                                 fp32_head=cfg.cast_lm_head_to_fp32, compile_layers=cfg.compiles,
+                                 compile_head=cfg.compiles, device=device))
     return engine, tokenizer, device

@@ -6,6 +6,7 @@ from pydantic import Field, field_validator, model_validator
 
 from .grpo import GRPOArgs
 from .sections import (
+    COMPILE_MIN_STEPS,
     AuthConfig,
     DatasetConfig,
     LauncherSection,
@@ -90,6 +91,13 @@ class AgrpoConfig(GRPOArgs):
             raise ValueError(f"lr_scheduler_type: {self.lr_scheduler_type!r} decays over max_steps, "
                              "so it needs max_steps > 0")
         return self
+
+    @property
+    def compiles(self) -> bool:
+        """trainer.compile resolved: auto compiles a run of COMPILE_MIN_STEPS steps or more."""
+        if self.trainer.compile is not None:
+            return self.trainer.compile
+        return self.max_steps <= 0 or self.max_steps >= COMPILE_MIN_STEPS
 
     @property
     def resolved_output_dir(self) -> str:

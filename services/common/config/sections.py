@@ -163,6 +163,11 @@ class RolloutSection(ServiceSection):
     """Per-call timeout of a tool (multi-turn); a timeout becomes an error tool message."""
 
 
+COMPILE_MIN_STEPS = 500
+"""trainer.compile auto: compile when a run has at least this many steps (compiles of about
+20-35 s against 0.05-0.1 s saved a step at the 0.5B-1.5B shapes)."""
+
+
 class TrainerSection(ServiceSection):
     """The trainer service."""
 
@@ -265,10 +270,12 @@ class TrainerSection(ServiceSection):
     """Training forward: tree (prefix-tree rows, ancestor mask) or unpacked (one padded row per
     sample; same loss). auto: tree on GPU (flex_attention with the tree's block mask), unpacked on
     CPU, where the dense tree mask costs more than the shared prompt saves."""
-    compile: bool = True
+    compile: bool | None = None
     """On one GPU, torch.compile the decoder layers and the logprob head: 1.6-2.3x faster steps
-    for about 35 s of compiles in the first steps (docs/gpu.md). Off: eager modules (the tree's
-    flex attention stays compiled)."""
+    for 20-35 s of compiles in the first steps (docs/gpu.md). False: eager modules (the tree's
+    flex attention stays compiled). None (auto): compile for a run of at least COMPILE_MIN_STEPS
+    steps (or one sized in epochs), where the faster steps repay the compiles; a shorter run
+    is over sooner eager (docs/vs-trl.md)."""
 
     @model_validator(mode="after")
     def _ipc_loads_directly(self) -> "TrainerSection":
@@ -284,8 +291,10 @@ class LauncherSection(Section):
     generation: Literal["auto", "vllm", "trainer"] = "auto"
     """Who generates. vllm: a vLLM server (found or started, as `vllm` says). trainer: the
     trainer itself, from a copy of its model (trainer.weight_transport local): no vLLM to start
-    and no weights in flight, which is faster for a small model on a CPU. auto: trainer on a
-    machine without a GPU when no vLLM answers at vllm_server_base_url, else vllm."""
+    and no weights in flight, which is faster for a small model on a CPU. auto: trainer when no
+    vLLM answers at vllm_server_base_url, on a machine without a GPU, or with one GPU for a
+    job too short to repay vLLM's start (agrpo/launcher/vllm_plan.py short_job: max_steps x
+    max_completion_length <= 4000); else vllm."""
     vllm: Literal["auto", "start", "external"] = "auto"
     """auto: use the vLLM servers at vllm_server_base_url(s) when they answer, else start one on
     a localhost URL's port; start: always start one; external: never (fail if none answers)."""

@@ -63,7 +63,8 @@ class Generator:
 
     def __init__(self, model: torch.nn.Module, stop_ids: set[int], max_model_len: int, seed: int = 0,
                  max_sequences: int = 512) -> None:
-        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.model = _uncompiled(copy.deepcopy(model)).eval().requires_grad_(False)
+        self.device = next(self.model.parameters()).device
         self.stop_ids = set(stop_ids)
         self.max_model_len = max_model_len
         self.max_sequences = max_sequences
@@ -160,7 +161,7 @@ class Generator:
                 break
             if len(live) <= (1 - PRUNE_SHARE) * len(rows):  # drop finished rows and their KV
                 keep = [r for r, s in enumerate(rows) if s in live]
-                index = torch.tensor(keep)
+                index = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(index)
                 mask, position, tokens = mask[index], position[index], tokens[index]
                 rows = [rows[r] for r in keep]
@@ -183,12 +184,13 @@ class Generator:
         for i, r in enumerate(requests):
             ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
             mask[i, width - len(r.prompt):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         with self._lock:
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                              past_key_values=DynamicCache(), use_cache=True)
             label = self.label
-        index = torch.tensor(owner)
+        index = torch.tensor(owner, device=self.device)
         cache = out.past_key_values
         cache.batch_select_indices(index)
         return out.logits[:, -1, :][index], cache, mask[index], positions[:, -1][index], label
@@ -211,3 +213,13 @@ class Generator:
         if len(choice.token_ids) >= budget:
             return "length"
         return None
+
+
+def _uncompiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The copy decodes eager: the trainer's in-place `module.compile()` (its layers on a GPU)
+    travels with a deep copy, and decode shapes (one new token, a KV cache that grows every
+    step) would recompile it over and over inside timed generation."""
+    for module in model.modules():
+        if getattr(module, "_compiled_call_impl", None) is not None:
+            module._compiled_call_impl = None
+    return model

@@ -83,5 +83,5 @@ def sample(logprobs: torch.Tensor, generator: torch.Generator | None = None) -> 
     """One token per row from its distribution, by inverting its CDF: one random number a row
     (torch.multinomial draws one per vocabulary entry, ten times slower at a 49k vocabulary)."""
     cdf = logprobs.exp().cumsum(dim=-1)
-    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=cdf.dtype) * cdf[:, -1:]
+    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=cdf.dtype).to(cdf.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=cdf.shape[1] - 1)

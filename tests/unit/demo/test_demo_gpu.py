@@ -23,6 +23,7 @@ from agrpo.services.common.vllm_process import (
 from agrpo.demo import gpu, report
 from agrpo.demo.cli import parse
 from agrpo.launcher.processes import status_numbers
+from agrpo.demo import runner
 from agrpo.demo.runner import write_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -245,3 +246,31 @@ def test_set_overrides_the_cpu_demos_kept_kv(tmp_path):
     """--set comes last: a user who wants the recompute back gets it."""
     _, kept = _config(tmp_path, ["--set", "trainer.recompute_in_flight=true"])
     assert kept.trainer.recompute_in_flight is True
+
+
+def test_a_gpu_trainer_that_generates_itself_publishes_locally(tmp_path):
+    opts = parse(["--gpu", "--model", "0.5b", "--set", "launcher.generation=trainer", "--out", str(tmp_path)])
+    path = write_config(opts, tmp_path / "model", tmp_path / "p.jsonl", "http://127.0.0.1:1", "trainer")
+    cfg = load_config(["--config", str(path)])
+    assert cfg.trainer.weight_transport == "local" and cfg.trainer.resolved_schedule == "sync"
+    assert cfg.dtype == "bfloat16" and cfg.learning_rate == runner.SHAPED_LR
+
+
+def test_the_shaped_models_have_qwen25s_transformer(tmp_path, monkeypatch):
+    from agrpo.demo import models
+
+    assert models.SHAPES["0.5b"]["num_layers"] == 24 and models.SHAPES["0.5b"]["hidden_size"] == 896
+    assert models.SHAPES["1.5b"]["num_layers"] == 28 and models.SHAPES["1.5b"]["hidden_size"] == 1536
+    calls = []
+    monkeypatch.setattr(models, "shaped_model", lambda cache, shape: calls.append(shape) or tmp_path)
+    assert runner.model_dir_of(parse(["--model", "1.5b", "--out", str(tmp_path)])) == tmp_path
+    assert calls == ["1.5b"]
+
+
+def test_compile_auto_pays_only_for_long_runs(tmp_path):
+    _, short = _config(tmp_path, ["--gpu", "--steps", "80"])
+    _, long = _config(tmp_path, ["--gpu", "--steps", "2000"])
+    _, forced = _config(tmp_path, ["--gpu", "--steps", "80", "--set", "trainer.compile=true"])
+    _, epochs = _config(tmp_path, ["--gpu", "--epochs", "3"])
+    assert short.trainer.compile is None and not short.compiles
+    assert long.compiles and forced.compiles and epochs.compiles

@@ -114,3 +114,33 @@ def test_the_trainer_transport_follows_where_the_job_put_vllm(tmp_path, gpus, se
     job = Job(cfg, JobOptions(config_path=tmp_path / "c.yaml"))
     job.trainer_gpus, job.vllm_servers = gpus, servers
     assert job._env("trainer").get("AGRPO_TRAINER__WEIGHT_TRANSPORT") == expected
+
+
+@pytest.mark.parametrize(("gpus", "max_steps", "keys", "expected"), [
+    (0, 80, {}, True),                                      # CPU: the trainer generates
+    (0, 10_000, {}, True),
+    (1, 80, {}, True),                                      # one GPU, short: vLLM's start is not repaid
+    (1, 1000, {}, False),                                   # one GPU, long: vLLM
+    (1, 80, {"max_completion_length": 1024}, False),        # long completions: vLLM
+    (2, 80, {}, False),                                     # a GPU for each: vLLM
+    (1, 80, {"launcher": {"generation": "vllm"}}, False),   # stated
+    (2, 1000, {"launcher": {"generation": "trainer"}}, True),
+    (1, 80, {"launcher": {"vllm": "start"}}, False),
+    (1, 80, {"trainer": {"weight_transport": "ipc"}}, False),
+    (1, 80, {"launcher": {"device": "cpu"}}, True),
+])
+def test_who_generates(monkeypatch, gpus, max_steps, keys, expected):
+    from agrpo.launcher import vllm_plan
+
+    monkeypatch.setattr(vllm_plan, "gpu_count", lambda: gpus)
+    monkeypatch.setattr(vllm_plan, "answers", lambda url, timeout_s=2.0: False)
+    keys = {"max_completion_length": 24, **keys}
+    assert vllm_plan.trainer_generates(AgrpoConfig(max_steps=max_steps, **keys)) is expected
+
+
+def test_a_vllm_that_answers_is_used(monkeypatch):
+    from agrpo.launcher import vllm_plan
+
+    monkeypatch.setattr(vllm_plan, "gpu_count", lambda: 1)
+    monkeypatch.setattr(vllm_plan, "answers", lambda url, timeout_s=2.0: True)
+    assert not vllm_plan.trainer_generates(AgrpoConfig(max_steps=80, max_completion_length=24))

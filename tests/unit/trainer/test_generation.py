@@ -108,3 +108,23 @@ def test_sampling_follows_the_distribution():
     draws = sample(probs.log().expand(20000, 4), torch.Generator().manual_seed(0))
     counts = torch.bincount(draws, minlength=4).float() / len(draws)
     assert counts[0] == 0 and counts[2] == 0 and abs(counts[1] - 0.2) < 0.02 and abs(counts[3] - 0.8) < 0.02
+
+
+def test_the_copy_of_a_compiled_model_decodes_eager_with_its_own_weights(model):
+    """The trainer compiles its decoder layers in place on a GPU; the generator's copy runs eager
+    (no recompiles as decode shapes change) and never sees the trainer's later updates."""
+    import copy
+
+    trainer_model = copy.deepcopy(model)
+    for layer in trainer_model.model.layers:
+        layer.compile(backend="eager")
+    gen = Generator(trainer_model, stop_ids=set(), max_model_len=512)
+    assert all(m._compiled_call_impl is None for m in gen.model.modules())
+    assert all(layer._compiled_call_impl is not None for layer in trainer_model.model.layers)
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        before = gen.model(ids).logits
+        for p in trainer_model.parameters():
+            p.add_(1.0)
+        after = gen.model(ids).logits
+    assert torch.equal(before, after)

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# run_vs_trl.sh MODE: the head-to-head on the offline one-H200 machine (benchmarks/vs_trl.py): TRL
+# 1.16's GRPOTrainer (vllm_mode="colocate", the carried vLLM 0.26 in its own process) against
+# agrpo demo --gpu, seeds interleaved. From the repo root, in one call carrying .vllm-carry/sm90
+# and .whl (64 MiB in all: set docs/*.png aside for the call):
+#   TASK=gpu-0.5b bash scripts/gpu/run_vs_trl.sh all
+# or in two chained calls: `extract` carrying .vllm-carry/sm90, then `race` carrying .whl within 30 s.
+# .whl: scripts/gpu/fetch_wheels.sh, plus TRL's own in .whl/trl (pip download --no-deps
+# --python-version 3.12 trl==1.16.0 accelerate==1.16.0 -d .whl/trl). TRL goes into its own
+# folder (/tmp/site-trl): agrpo's processes never see it.
+# Knobs: TASK=gpu-0.5b SEEDS=0,1,2 SYSTEMS=trl,agrpo STEPS= (the task's) DEADLINE=450 (no run starts
+#   after it) RUN_TIMEOUT=300 (one run) VS_ARGS="..." (more vs_trl.py arguments).
+# Into $OUT: run.log; vs_trl/TASK/: results.json, reward_vs_time.png, each run's output and logs.
+set -uo pipefail
+MODE=${1:-race}
+HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
+OUT=${OUT:-/tmp/vs-trl-out}; mkdir -p "$OUT"
+SITE=${SITE:-/tmp/site}; TRL_SITE=${TRL_SITE:-/tmp/site-trl}
+BENCH=$OUT/vs_trl  # written after every run: a call cut short still brings back what ran
+exec > >(tee -a "$OUT/run.log") 2>&1
+gpu_safe_env
+cd "$ROOT" || exit 2
+
+case $MODE in
+  extract) extract_vllm "$ROOT/.vllm-carry/sm90/vllm026-sm90.tar.xz" "$SITE"; exit $? ;;
+  all) extract_vllm "$ROOT/.vllm-carry/sm90/vllm026-sm90.tar.xz" "$SITE" || exit 3 ;;
+  race) [ -d "$SITE/vllm" ] || { say "no vLLM in $SITE: run 'extract' first (machine not warm?)"; exit 3; } ;;
+  *) echo "unknown MODE $MODE (extract | race | all)"; exit 2 ;;
+esac
+
+[ -d "$SITE/grpc" ] || install_wheels "$ROOT/.whl" "$SITE" || exit 4
+[ -d "$TRL_SITE/trl" ] || install_wheels "$ROOT/.whl/trl" "$TRL_SITE" || exit 4
+export PYTHONPATH=$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}
+# The carried vLLM has no FlashInfer: both sides sample with vLLM's own sampler.
+export VLLM_USE_FLASHINFER_SAMPLER=0 AGRPO_VLLM_PYTHON=python3
+TRL_PY=/tmp/trl-python
+printf '#!/bin/sh\nPYTHONPATH=%s:%s exec python3 "$@"\n' "$TRL_SITE" "$SITE" > "$TRL_PY"; chmod +x "$TRL_PY"
+"$TRL_PY" -c 'import trl, accelerate, vllm, transformers, torch; print("trl", trl.__version__, "| accelerate", accelerate.__version__, "| vllm", vllm.__version__, "| transformers", transformers.__version__, "| torch", torch.__version__)' \
+  || { say "TRL's imports FAILED"; exit 5; }
+python3 -c 'import agrpo.demo.runner, grpc, datasets; print("agrpo", __import__("agrpo").__version__)' || { say "agrpo's imports FAILED"; exit 5; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+export LOOP_RUN_MARK="vs-trl-$$-$RANDOM"
+trap 'kill_marked "$LOOP_RUN_MARK"' EXIT
+say "vs_trl --task ${TASK:-gpu-0.5b} --seeds ${SEEDS:-0,1,2} --systems ${SYSTEMS:-trl,agrpo}"
+# shellcheck disable=SC2086
+python3 benchmarks/vs_trl.py --task "${TASK:-gpu-0.5b}" --seeds "${SEEDS:-0,1,2}" --systems "${SYSTEMS:-trl,agrpo}" \
+  ${STEPS:+--steps "$STEPS"} --trl-python "$TRL_PY" --timeout "${RUN_TIMEOUT:-300}" --deadline-s "${DEADLINE:-450}" \
+  --cache /tmp/agrpo-cache --out "$BENCH" ${VS_ARGS:-}
+RC=$?
+kill_marked "$LOOP_RUN_MARK"
+say "done rc=$RC; \$OUT: $(ls "$OUT" | tr '\n' ' ')"
+exit $RC
