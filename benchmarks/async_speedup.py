@@ -77,8 +77,8 @@ def run_numbers(summary: dict, rows: list[dict], warmup: int, group_size: int, g
 
 def demo_options(label: str, schedule: str, staleness: int, seed: int, a, variant: dict | None = None):
     """The demo of run `label`_seed`seed`: sync, async, or async with a variant's extra config."""
-    from agrpo.services.common.config.loader import merge
     from agrpo.demo import runner
+    from agrpo.services.common.config.loader import merge
 
     overrides = {"token_budget": 0, "seed": seed, "launcher": {"generation": "vllm"}}  # the vLLM stack
     for extra in (a.set or {}, variant or {}):
@@ -282,8 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.steps <= a.warmup:
         p.error(f"--steps {a.steps} leaves nothing to time after --warmup {a.warmup}")
-    from agrpo.services.common.config import ConfigError
     from agrpo.demo import runner
+    from agrpo.services.common.config import ConfigError
 
     results: list[dict] = []
     plan = run_plan([int(x) for x in a.seeds.split(",")], [int(x) for x in a.staleness.split(",") if x], a.variant)

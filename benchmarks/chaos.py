@@ -43,7 +43,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-
 SERVICES = ("trainer", "rollout", "reward", "vllm")
 
 
@@ -159,8 +158,8 @@ class PlainSystem:
     """The services under a plain supervisor: the same command line again after every exit."""
 
     def __init__(self, config: Path, logs: Path) -> None:
-        from plain_supervisor import PlainSupervisor
         from agrpo.launcher.processes import agrpo_argv
+        from plain_supervisor import PlainSupervisor
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
                "HF_DATASETS_OFFLINE": "1", "AGRPO_LOG_FORMAT": "json"}
@@ -211,7 +210,7 @@ def recovery(target: str, cfg, vllm, metrics: Path, limit_s: float) -> tuple[flo
     a new step); None where that did not happen within limit_s of the kill."""
     name, t0 = target.split("@")[0], time.monotonic()
     port = {"trainer": cfg.trainer.port, "rollout": cfg.rollout.port, "reward": cfg.reward.port}.get(name)
-    back = (lambda: _vllm_healthy(vllm.base_url)) if name == "vllm" else (lambda: _serving(port))  # noqa: E731
+    back = (lambda: _vllm_healthy(vllm.base_url)) if name == "vllm" else (lambda: _serving(port))
     back_s = step_s = None
     while time.monotonic() - t0 < limit_s:
         if back_s is None and back():

@@ -230,7 +230,7 @@ def compare(res: dict, gathered16, full32, ref_params, start) -> None:
     res.update(tensors=len(gathered16), max_abs_diff_fp32=worst,
                rel_diff_vs_update=(num ** 0.5) / max(den ** 0.5, 1e-30),
                bf16_elements_identical=same16 / elems,
-               names_match=[n for n, _ in gathered16] == [n for n in ref_params])
+               names_match=[n for n, _ in gathered16] == list(ref_params))
     same = res["names_match"] and res["gather_units_equal_per_param"]
     if res["mixed_precision"]:  # bf16 params in FSDP2 only: the first step's loss agrees roughly
         first = abs(res["loss_fsdp2"][0] - res["loss_single"][0]) / max(abs(res["loss_single"][0]), 1e-6)

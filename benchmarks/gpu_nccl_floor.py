@@ -142,7 +142,7 @@ def main() -> int:
 
 
 def print_table(path: str) -> int:
-    rows = [json.loads(x) for x in open(path) if x.strip()]
+    rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
     print(f"{'what':<16}{'MiB':>9}{'chunks':>7}{'floor ms':>10}{'min ms':>9}{'GB/s':>8}{'pack ms':>9}")
     for r in rows:
         print(f"{r['label']:<16}{r['bytes'] / 2**20:>9.1f}{r['chunks']:>7}{r['floor_ms']:>10}"

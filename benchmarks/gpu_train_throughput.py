@@ -89,11 +89,11 @@ def plain_rows(samples, per_row: int):
     rows = []
     for k in range(0, len(samples), per_row):
         acc = None
-        for slot, r in enumerate(tree_rows(samples[k:k + per_row], 1)):
+        for slot, row in enumerate(tree_rows(samples[k:k + per_row], 1)):
             off = 0 if acc is None else acc.num_tokens
-            r = replace(r, parent=[p + off if p >= 0 else -1 for p in r.parent],
-                        subtree_end=[e + off for e in r.subtree_end],
-                        token_index=[t + off for t in r.token_index], segment_id=[slot] * len(r.segment_id))
+            r = replace(row, parent=[p + off if p >= 0 else -1 for p in row.parent],
+                        subtree_end=[e + off for e in row.subtree_end],
+                        token_index=[t + off for t in row.token_index], segment_id=[slot] * len(row.segment_id))
             acc = r if acc is None else replace(acc, **{f: getattr(acc, f) + getattr(r, f) for f in (
                 "input_ids", "position_ids", "parent", "subtree_end", "shift_labels", "token_index", "labels",
                 "old_logprobs", "advantages", "segment_id", "sample_position", "samples")})
@@ -388,7 +388,7 @@ def main() -> int:
 
 
 def print_table(path: str) -> int:
-    rows = [json.loads(x) for x in open(path) if x.strip()]
+    rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
     cols = [("step_s", 7), ("tokens_per_s", 9), ("mfu", 6), ("hw_mfu", 7), ("compile_s", 8), ("warm_graphs", 6),
             ("timed_graphs", 6), ("peak_mem_GiB", 6), ("step_tflop", 6)]
     print(f"{'model':<11}{'layout':<18}{'tokens':>7}{'comp.':>7}" + "".join(f"{c[:8]:>{w + 1}}" for c, w in cols))

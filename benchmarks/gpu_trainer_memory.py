@@ -47,9 +47,9 @@ def one_mode(a) -> dict:
     """Build and time one mode in this process."""
     import torch
 
-    from benchmarks.gpu_train_throughput import _mb, make_samples, tree_rows
     from agrpo.services.common.config import AgrpoConfig
     from agrpo.services.trainer import ranks
+    from benchmarks.gpu_train_throughput import _mb, make_samples, tree_rows
 
     over = MODES[a.mode]
     cfg = AgrpoConfig(model=a.model, tokenizer=a.tokenizer, dtype=over["dtype"], gradient_checkpointing=True,
@@ -93,7 +93,7 @@ def run_all(a) -> int:
                 "--group-size", str(a.group_size), "--prompt", str(a.prompt), "--completion", str(a.completion),
                 "--steps", str(a.steps), "--warmup", str(a.warmup)] + (["--no-compile"] if a.no_compile else [])
         try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=a.limit_s)
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=a.limit_s, check=False)
             lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
             row = json.loads(lines[-1]) if lines else {"mode": mode, "error": (out.stderr.strip().splitlines()
                                                                               or ["no output"])[-1][:300]}

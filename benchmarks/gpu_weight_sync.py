@@ -119,8 +119,7 @@ def ours_rounds(ws, model, url: str, rendezvous: str, rounds: int, first_version
 def helper_rounds(api, model, port: int, rounds: int) -> list[dict]:
     """vLLM's own trainer helper, driven the way TRL (and e2e_nccl.py) drive it."""
     import torch
-    from vllm.distributed.weight_transfer.nccl_engine import (NCCLTrainerSendWeightsArgs,
-                                                              NCCLWeightTransferEngine)
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerSendWeightsArgs, NCCLWeightTransferEngine
     params = [(n, p) for n, p in model.named_parameters()]
     ws = 1 + api.get("/get_world_size")["world_size"]
     info = dict(master_address="127.0.0.1", master_port=port, world_size=ws)
@@ -327,8 +326,8 @@ def summarise(rows: list[dict]) -> dict:
 def print_table(path: str, floor_path: str | None) -> int:
     floors = {}
     if floor_path and Path(floor_path).exists():
-        floors = {json.loads(x)["label"]: json.loads(x) for x in open(floor_path) if x.strip()}
-    rows = [json.loads(x) for x in open(path) if x.strip()]
+        floors = {json.loads(x)["label"]: json.loads(x) for x in Path(floor_path).read_text().splitlines() if x.strip()}
+    rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
     head = f"{'model':<12}{'MiB':>8}{'variant':>12}" + "".join(f"{n:>11}" for _, n in COLS) + \
         f"{'p2r range':>16}{'floor':>8}{'p2r/floor':>10}  ok"
     print("median ms over timed rounds (warm-up excluded); p2r = pause -> resume")

@@ -49,14 +49,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from agrpo.v1 import reward_service_pb2 as pb  # noqa: E402
-from agrpo.v1 import reward_service_pb2_grpc as reward_grpc  # noqa: E402
 from google.protobuf import struct_pb2  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from agrpo.services.common.affinity import cores, pin_threads  # noqa: E402
 from agrpo.services.common.channels import open_channel  # noqa: E402
 from agrpo.services.reward.builtins import Accuracy  # noqa: E402
+from agrpo.v1 import reward_service_pb2 as pb  # noqa: E402
+from agrpo.v1 import reward_service_pb2_grpc as reward_grpc  # noqa: E402
 
 SERVICE = "agrpo.v1.RewardService"
 NAMES = ["Natalia", "Weng", "Betty", "Julie", "James", "Mark", "Albert", "Ken"]
@@ -122,7 +122,7 @@ async def drive(requests: list, concurrency: int, call) -> tuple[float, list[flo
 def row(mode: str, concurrency: int, items: int, wall: float, lat: list[float]) -> str:
     lat = sorted(lat)
     p50 = statistics.median(lat) * 1000
-    p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))] * 1000
+    p99 = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1000
     return f"| {mode:<8} | {concurrency:>11} | {items / wall:>9.1f} | {p50:>8.1f} | {p99:>8.1f} |"
 
 
@@ -243,7 +243,7 @@ def overload_report(results: list[tuple[str, float, float, int]], capacity: floa
     for code in ("RESOURCE_EXHAUSTED", "OK"):
         lat = sorted(latency for c, _, latency, _ in results if c == code)
         if lat:
-            p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))]
+            p99 = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))]
             print(f"{code}: p50 {statistics.median(lat) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
     ok = sum(items for code, sent, latency, items in results
              if code == "OK" and warmup_s <= sent + latency <= duration_s)

@@ -145,7 +145,7 @@ class ServerQueue(Sampler):
                 try:
                     async with s.get(self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
                         self.seen.append(parse_queue(await r.text()))
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     pass
                 await asyncio.sleep(self.every_s)
 
@@ -310,7 +310,7 @@ class ProcessPeers:
         self.proc.stdin.close()
         try:
             await asyncio.wait_for(self.proc.wait(), 20)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.proc.kill()
 
 
@@ -439,7 +439,8 @@ def summary(rows: list[dict], args) -> None:
 async def main() -> None:
     args = parse_args()
     if args.serve_peers:
-        return await serve_peers(args.peers_cpus)
+        await serve_peers(args.peers_cpus)
+        return
     from agrpo.services.common.logging import setup_logging
 
     setup_logging("bench", "text", "warning")

@@ -39,8 +39,8 @@ def run(tree: bool, args, model_dir: str) -> dict:
     import torch
 
     from agrpo.services.common.config import AgrpoConfig
-    from agrpo.services.trainer.packing import TokenBudgetBatcher, iter_batches
     from agrpo.services.trainer.engine_factory import build_engine
+    from agrpo.services.trainer.packing import TokenBudgetBatcher, iter_batches
 
     cfg = AgrpoConfig(model=model_dir, gradient_checkpointing=args.gc)
     engine, _, _ = build_engine(cfg, model_dir)

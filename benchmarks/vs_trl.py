@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import statistics
@@ -178,7 +179,7 @@ def numbers(run: Run, task: Task) -> dict:
     if not run.steps:
         return {"error": run.error or "no steps"}
     t_launch, t_train, rewards = zip(*run.steps)
-    durations = [b - a for a, b in zip(t_launch, t_launch[1:])] or [t_launch[0]]
+    durations = [b - a for a, b in itertools.pairwise(t_launch)] or [t_launch[0]]
     out = {"s_per_step": statistics.median(durations), "start_s": t_launch[0] - t_train[0],
            "final_reward": statistics.fmean(rewards[-task.window:])}
     for thr in task.thresholds:
@@ -256,7 +257,7 @@ def machine() -> str:
     """CPUs, and the GPU's name where there is one."""
     try:
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10).stdout.strip().splitlines()
+                             text=True, timeout=10, check=False).stdout.strip().splitlines()
     except (OSError, subprocess.SubprocessError):
         gpu = []
     return f"{os.cpu_count()} CPUs" + (f", {len(gpu)}x {gpu[0]}" if gpu else "")

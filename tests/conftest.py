@@ -16,7 +16,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
-from vllm_server import VLLMServer  # noqa: E402
+from vllm_server import VLLMServer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

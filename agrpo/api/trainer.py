@@ -124,8 +124,8 @@ class AsyncGRPOTrainer:
 
     def train(self) -> int:
         """Run the job to the end; raises RuntimeError when it fails."""
-        from agrpo.services.common.config import load_config
         from agrpo.launcher.job import Job, JobOptions
+        from agrpo.services.common.config import load_config
 
         path = self.config()
         cfg = load_config(["--config", str(path)], {})

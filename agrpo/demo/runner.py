@@ -22,15 +22,15 @@ from pathlib import Path
 
 import yaml
 
+from agrpo.launcher.job import Job, JobOptions
+from agrpo.launcher.progress import StepFollower, read_steps
+from agrpo.launcher.vllm_plan import trainer_generates
+from agrpo.services.common.config import ConfigError, load_config
+from agrpo.services.common.config.loader import merge
 from agrpo.services.common.vllm_process import VLLMServer, free_port, supports_scale_out
 
 from . import gpu as gpu_mode
 from . import models, report
-from agrpo.services.common.config import ConfigError, load_config
-from agrpo.services.common.config.loader import merge
-from agrpo.launcher.job import Job, JobOptions
-from agrpo.launcher.vllm_plan import trainer_generates
-from agrpo.launcher.progress import StepFollower, read_steps
 from .task import write_arithmetic_dataset
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from agrpo.services.common.preflight import STARTUP_ERROR_EXIT, StartupError, check_port
+from agrpo.services.common.timeouts import ROLLOUT_STATUS_POLL_S, STATUS_POLL_S
 
 from .gpus import gpu_count, trainer_devices
 from .preflight import check_job
@@ -97,7 +98,7 @@ class Job:
             try:
                 proc.wait_healthy(f"127.0.0.1:{section.port}", "", self.cfg.launcher.ready_timeout_s)
             except RuntimeError:
-                if proc.proc.poll() == STARTUP_ERROR_EXIT:  # its one-line start-up error, as is
+                if proc.proc is not None and proc.proc.poll() == STARTUP_ERROR_EXIT:  # its one-line error, as is
                     raise StartupError(proc.log_tail(1).strip()) from None
                 raise
 
@@ -163,14 +164,14 @@ class Job:
                 return
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"training not done within {self.opts.timeout_s:.0f} s")
-            time.sleep(0.5)
+            time.sleep(STATUS_POLL_S)
 
     def _poll_status(self, rollout: bool = False) -> bool:
         """Refresh the statuses (rollout every second, or now: its last answer before it exits is what
         the summary counts as generated); True once the trainer says DONE."""
         trainer = get_status(f"127.0.0.1:{self.cfg.trainer.port}", "trainer")
         self.status["trainer"] = trainer or self.status["trainer"]
-        if rollout or time.monotonic() - self._rollout_polled > 1.0:
+        if rollout or time.monotonic() - self._rollout_polled > ROLLOUT_STATUS_POLL_S:
             self.status["rollout"] = get_status(f"127.0.0.1:{self.cfg.rollout.port}", "rollout") or \
                 self.status["rollout"]
             self._rollout_polled = time.monotonic()

@@ -10,6 +10,7 @@ from collections import deque
 from pathlib import Path
 
 from agrpo.services.common.lifetime import dying_with_this_process
+from agrpo.services.common.timeouts import STATUS_CALL_TIMEOUT_S
 
 
 class ServiceProcess:
@@ -42,7 +43,8 @@ class ServiceProcess:
 
         def check_alive() -> None:
             if not self.alive():
-                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}")
+                code = None if self.proc is None else self.proc.returncode
+                raise RuntimeError(f"{self.name} exited with code {code}:\n{self.log_tail()}")
 
         if not wait_serving(address, service, timeout_s, check_alive, interval_s=0.5):
             raise TimeoutError(f"{self.name} not SERVING after {timeout_s:.0f} s:\n{self.log_tail()}")
@@ -74,13 +76,14 @@ class ServiceProcess:
 def get_status(address: str, service: str):
     """GetStatus of the trainer or rollout at `address`; None when it does not answer."""
     import grpc
+
     from agrpo.v1 import common_pb2, rollout_service_pb2_grpc, trainer_service_pb2_grpc
 
     stub_cls = {"trainer": trainer_service_pb2_grpc.TrainerServiceStub,
                 "rollout": rollout_service_pb2_grpc.RolloutServiceStub}[service]
     try:
         with grpc.insecure_channel(address) as channel:
-            return stub_cls(channel).GetStatus(common_pb2.GetStatusRequest(), timeout=5)
+            return stub_cls(channel).GetStatus(common_pb2.GetStatusRequest(), timeout=STATUS_CALL_TIMEOUT_S)
     except grpc.RpcError:
         return None
 

@@ -65,6 +65,7 @@ class Supervised:
             return None
         if self.process.alive():
             return None
+        assert self.process.proc is not None  # checked only once started: not alive() means it exited
         code = self.process.proc.returncode
         if code == 0:
             self.done = True

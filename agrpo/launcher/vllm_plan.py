@@ -101,7 +101,7 @@ at the 0.5B shape: 0.49 s against 0.99 s a step for 24 tokens; docs/vs-trl.md)."
 
 def short_job(cfg) -> bool:
     """A run too short to repay starting vLLM on a GPU (SHORT_JOB_TOKEN_STEPS)."""
-    return 0 < cfg.max_steps and cfg.max_steps * cfg.max_completion_length <= SHORT_JOB_TOKEN_STEPS
+    return cfg.max_steps > 0 and cfg.max_steps * cfg.max_completion_length <= SHORT_JOB_TOKEN_STEPS
 
 
 def trainer_generates(cfg) -> bool:

@@ -21,8 +21,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-
-from agrpo.services.common.config import ConfigError, load_config  # noqa: E402
+from agrpo.services.common.config import ConfigError, load_config
 
 SERVICES = ("trainer", "rollout", "reward")
 IN_CONTAINER = "/etc/agrpo/agrpo.yaml"

@@ -44,10 +44,10 @@ ROWS = [
     ]),
     ("Async efficiency", [
         ("Trainer idle (whole run rate)", "timeseries", "percentunit",
-         "Share of the training loop's time spent waiting for samples (5 min); pacing aims at <= 5% "
-         "when generation is faster than training.",
-         [("sum(rate(agrpo_trainer_idle_seconds_total[5m])) / (sum(rate(agrpo_trainer_idle_seconds_total[5m])) "
-           "+ sum(rate(agrpo_trainer_busy_seconds_total[5m])))", "trainer idle")]),
+         ("Share of the training loop's time spent waiting for samples (5 min); pacing aims at <= 5% "
+          "when generation is faster than training."),
+         [(("sum(rate(agrpo_trainer_idle_seconds_total[5m])) / (sum(rate(agrpo_trainer_idle_seconds_total[5m])) "
+            "+ sum(rate(agrpo_trainer_busy_seconds_total[5m])))"), "trainer idle")]),
         ("Generation in flight", "timeseries", "short",
          "Requests at vLLM, the credits rollout holds unused, and the pacing window.",
          [("sum(agrpo_rollout_inflight_requests)", "in flight"), ("sum(agrpo_rollout_credits_available)", "credits"),

@@ -66,7 +66,7 @@ def service_metrics() -> list[MetricInfo]:
 
 
 def vllm_metrics() -> list[MetricInfo]:
-    return [MetricInfo("vllm", n, t, tuple(l.split(",")) if l else (), d) for n, t, l, d in VLLM_METRICS]
+    return [MetricInfo("vllm", n, t, tuple(labels.split(",")) if labels else (), d) for n, t, labels, d in VLLM_METRICS]
 
 
 def all_metrics() -> list[MetricInfo]:

@@ -7,9 +7,8 @@ import uuid
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from agrpo.v1 import common_pb2
-
 from agrpo import __version__
+from agrpo.v1 import common_pb2
 
 
 class Identity:

@@ -68,7 +68,7 @@ class Lineage:
         d = self.distance(trainer_version, policy_version)
         return d is None or d > max_staleness
 
-    def resumed(self, at_version: int, new_version: int, ahead: int = 0) -> "Lineage":
+    def resumed(self, at_version: int, new_version: int, ahead: int = 0) -> Lineage:
         """The lineage after resuming weights of `at_version` (+`ahead` unpublished steps) as
         `new_version`: versions published after at_version leave it."""
         at = self.index(at_version)
@@ -82,7 +82,7 @@ class Lineage:
         return [list(s) for s in self.segments]
 
     @classmethod
-    def from_list(cls, data) -> "Lineage":
+    def from_list(cls, data) -> Lineage:
         return cls(tuple((int(f), None if last is None else int(last), int(s)) for f, last, s in data)) \
             if data else cls()
 

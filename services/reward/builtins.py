@@ -24,12 +24,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agrpo.services.common.timeouts import ITEM_TIMEOUT_S
+
 from .deadline import score_each
 from .results import TimedOut
 
 Completion = str | list[dict[str, Any]]
-
-ITEM_TIMEOUT_S = 5.0
 
 
 def completion_text(completion: Completion) -> str:
@@ -176,8 +176,8 @@ class RepetitionPenalty:
     def __call__(self, completion_ids: Sequence[Sequence[int]], **kwargs: Any) -> list[float]:
         out = []
         n = self.ngram_size
-        for ids in completion_ids:
-            ids = list(ids)
+        for completion in completion_ids:
+            ids = list(completion)
             if len(ids) < n:
                 out.append(0.0)
                 continue

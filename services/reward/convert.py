@@ -12,8 +12,8 @@ from typing import Any
 
 from google.protobuf import struct_pb2
 
-from agrpo.v1 import reward_service_pb2 as reward_pb
 from agrpo.services.common.errors import InvalidArgument
+from agrpo.v1 import reward_service_pb2 as reward_pb
 
 from .registry import FunctionInfo
 from .results import ItemScore, Status

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agrpo.services.common.logging import get_logger
+from agrpo.services.common.timeouts import WORKER_RESTART_BACKOFF_MAX_S, WORKER_RESTART_BACKOFF_S
 
 from .registry import FunctionInfo, FunctionSpec
 from .results import TimedOut
@@ -219,7 +220,7 @@ class WorkerPool:
         """Start a fresh process in place of a dead one, retrying until it comes up."""
         loop = asyncio.get_running_loop()
         self._on_event(f"restart_{cause}", 1)
-        delay = 0.5
+        delay = WORKER_RESTART_BACKOFF_S
         while True:
             try:
                 await loop.run_in_executor(self._executor, worker.start)
@@ -228,7 +229,7 @@ class WorkerPool:
             except WorkerStartError:
                 log.exception("could not replace a reward worker; retrying in %.1fs", delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                delay = min(delay * 2, WORKER_RESTART_BACKOFF_MAX_S)
 
     async def close(self) -> None:
         """Stop the runners and the processes (asking politely first)."""

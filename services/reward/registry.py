@@ -116,7 +116,7 @@ def load(spec: FunctionSpec) -> tuple[Callable[..., Any], FunctionInfo]:
                 fn = functools.partial(fn, **spec.kwargs)
     except UserCodeNotFound as exc:
         raise ValueError(f"reward function {spec.source!r}: {exc}") from exc
-    except Exception as exc:  # noqa: BLE001 - reported as a config error
+    except Exception as exc:  # reported as a config error
         raise ValueError(f"reward function {spec.source!r}: {type(exc).__name__}: {exc}") from exc
     if not callable(fn):
         raise ValueError(f"reward function {spec.source!r} is a {type(fn).__name__}, not callable")

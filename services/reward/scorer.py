@@ -34,7 +34,7 @@ SHOWN_ITEMS = 8
 def shown(value: Any) -> str:
     """`value` for an error message: ASCII-escaped and cut to SHOWN_CHARS characters."""
     if isinstance(value, str) and len(value) > SHOWN_CHARS:
-        return f"{ascii(value[:SHOWN_CHARS])}... ({len(value)} chars)"
+        return f"{value[:SHOWN_CHARS]!a}... ({len(value)} chars)"
     text = ascii(value)
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
 

@@ -16,10 +16,10 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from agrpo.v1 import reward_service_pb2 as reward_pb
-from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
 from agrpo.services.common.errors import InvalidArgument, ServiceError, Unavailable, grpc_errors
 from agrpo.services.common.logging import get_logger
+from agrpo.v1 import reward_service_pb2 as reward_pb
+from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
 
 from . import convert
 from .metrics import RewardMetrics
@@ -94,7 +94,7 @@ class RewardServicer(reward_grpc.RewardServiceServicer):
         except ServiceError as exc:
             response = reward_pb.ScoreResponse(request_id=request_id)
             code, error = exc.code, str(exc)
-        except Exception as exc:  # noqa: BLE001 - one bad request must not end the stream
+        except Exception as exc:  # one bad request must not end the stream
             log.exception("ScoreStream request %s failed", shown(request_id))
             response = reward_pb.ScoreResponse(request_id=request_id)
             code, error = grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {shown(str(exc))}"

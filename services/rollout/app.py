@@ -15,12 +15,13 @@ import threading
 import aiohttp
 import grpc
 
-from agrpo.v1 import common_pb2
 from agrpo.services.common.channels import open_channel
 from agrpo.services.common.identity import Identity
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.preflight import StartupError
+from agrpo.services.common.timeouts import GAUGE_PERIOD_S, WEIGHT_LABEL_PERIOD_S
 from agrpo.services.common.versions import lineage_from_proto
+from agrpo.v1 import common_pb2
 
 from .balancer import Balancer
 from .data import build_prompt_set, load_rows, load_tokenizer
@@ -173,8 +174,8 @@ class RolloutApp:
             self.finished.set()
 
     async def _gauges(self) -> None:
-        """Refresh gauges every second and the servers' weight labels every 5 s."""
-        tick = 0
+        """Refresh gauges every GAUGE_PERIOD_S and the servers' weight labels every WEIGHT_LABEL_PERIOD_S."""
+        tick, every = 0, max(1, round(WEIGHT_LABEL_PERIOD_S / GAUGE_PERIOD_S))
         while True:
             m = self.metrics
             m.buffered.set(self.sender.held)
@@ -184,12 +185,12 @@ class RolloutApp:
             m.generation_idle.set(idle.idle_s / idle.total_s if idle.total_s else 0.0)
             m.credits.set(self.engine.credits_available)
             m.stale_share.set(self.engine.dropped_stale_share)
-            if tick % 5 == 0:
+            if tick % every == 0:
                 for s in self.balancer.servers:
                     if s.up:
                         s.weight_label = await s.client.weight_label() or s.weight_label
             tick += 1
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(GAUGE_PERIOD_S)
 
     async def close(self) -> None:
         if self.engine:

@@ -29,6 +29,7 @@ from collections import Counter
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.metrics import IdleClock
 from agrpo.services.common.preflight import StartupError
+from agrpo.services.common.timeouts import ISSUE_RECHECK_S
 from agrpo.services.common.versions import Lineage
 
 from .balancer import GenerationFailed
@@ -136,8 +137,8 @@ class Engine:
                 if key is None:
                     self._wake.clear()
                     try:
-                        await asyncio.wait_for(self._wake.wait(), 0.5)
-                    except asyncio.TimeoutError:
+                        await asyncio.wait_for(self._wake.wait(), ISSUE_RECHECK_S)
+                    except TimeoutError:
                         pass
                     continue
                 self._launch(key)
@@ -267,7 +268,7 @@ class Engine:
             except StartupError as exc:  # the run cannot work: stop generating, fail the service
                 self.halt(exc)
                 return
-            except Exception:  # noqa: BLE001 - one bad group must not stop scoring
+            except Exception:  # one bad group must not stop scoring
                 log.exception("scoring group %s crashed; re-issuing", group.group_id)
                 self._drop(group, "scoring_error")
             finally:

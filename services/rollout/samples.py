@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agrpo.v1 import common_pb2
 from agrpo.services.common.identity import now_timestamp
+from agrpo.v1 import common_pb2
 
 from .advantage import group_advantages, group_stats
 

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf import json_format, struct_pb2
 
-from agrpo.v1 import reward_service_pb2 as reward_pb
-from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.preflight import StartupError
+from agrpo.services.common.timeouts import RECONNECT_MAX_S
+from agrpo.v1 import reward_service_pb2 as reward_pb
+from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
 
 log = get_logger("rollout.scoring")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -117,5 +118,5 @@ class Scorer:
                                         permanent=exc.code() not in RETRYABLE) from exc
                 log.warning("Score %s: %s, retrying in %.1f s", request.request_id, exc.code().name, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+            delay = min(delay * 2, RECONNECT_MAX_S)
         raise AssertionError("unreachable")

@@ -21,12 +21,13 @@ from typing import Protocol
 
 import grpc
 
+from agrpo.services.common.identity import now_timestamp
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.timeouts import RECONNECT_MAX_S
+from agrpo.services.common.versions import Lineage, lineage_from_proto
 from agrpo.v1 import common_pb2
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
-from agrpo.services.common.identity import now_timestamp
-from agrpo.services.common.logging import get_logger
-from agrpo.services.common.versions import Lineage, lineage_from_proto
 
 log = get_logger("rollout.sender")
 FINAL = {trainer_pb.SAMPLE_OUTCOME_TRAINED: "trained", trainer_pb.SAMPLE_OUTCOME_DUPLICATE: "duplicate",
@@ -136,7 +137,7 @@ class Sender:
             if self.done.is_set():
                 break
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+            delay = min(delay * 2, RECONNECT_MAX_S)
 
     async def _session(self) -> None:
         call = self.stub.PushSamples()
@@ -191,7 +192,7 @@ class Sender:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), self.heartbeat_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     await call.write(trainer_pb.PushSamplesRequest(heartbeat=self.hooks.heartbeat()))
                 continue
             self.credits -= 1

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 
-from agrpo.v1 import common_pb2
-from agrpo.v1 import rollout_service_pb2_grpc as rollout_grpc
 from agrpo.services.common.logging import get_logger, setup_logging
 from agrpo.services.common.preflight import StartupError
 from agrpo.services.common.server import GrpcServer, StopSignals
+from agrpo.v1 import common_pb2
+from agrpo.v1 import rollout_service_pb2_grpc as rollout_grpc
 
 from .app import RolloutApp
 from .servicer import RolloutServicer
@@ -112,7 +112,7 @@ def main(cfg) -> int:
     except (TimeoutError, VLLMIncompatible, ValueError) as exc:  # expected start-up failures: one line
         log.error("cannot start the rollout service: %s", exc)
         raise StartupError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-    except Exception as exc:  # noqa: BLE001 - anything else, with its traceback
+    except Exception as exc:  # anything else, with its traceback
         log.exception("rollout failed: %s", exc)
         return 1
     return 0

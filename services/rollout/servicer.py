@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from agrpo.v1 import common_pb2
-from agrpo.v1 import rollout_service_pb2_grpc as rollout_grpc
 from agrpo.services.common.errors import grpc_errors
 from agrpo.services.common.identity import now_timestamp
+from agrpo.v1 import common_pb2
+from agrpo.v1 import rollout_service_pb2_grpc as rollout_grpc
 
 
 class RolloutServicer(rollout_grpc.RolloutServiceServicer):

@@ -11,9 +11,10 @@ import time
 
 import grpc
 
+from agrpo.services.common.logging import get_logger
+from agrpo.services.common.timeouts import HEARTBEAT_MIN_TIMEOUT_S, RECONNECT_MAX_S
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
-from agrpo.services.common.logging import get_logger
 
 log = get_logger("rollout.trainer_link")
 
@@ -52,7 +53,7 @@ async def watch_policy(channel: grpc.aio.Channel, watcher_id: str, on_policy, li
         except grpc.aio.AioRpcError as exc:
             log.debug("WatchPolicy: %s; reconnecting in %.1f s", exc.code().name, delay)
         await asyncio.sleep(delay)
-        delay = min(delay * 2, 10.0)
+        delay = min(delay * 2, RECONNECT_MAX_S)
 
 
 async def heartbeat_loop(channel: grpc.aio.Channel, make_request, liveness: TrainerLiveness,
@@ -62,7 +63,7 @@ async def heartbeat_loop(channel: grpc.aio.Channel, make_request, liveness: Trai
     was_stale = False
     while True:
         try:
-            await stub.Heartbeat(make_request(), timeout=max(interval_s, 1.0))
+            await stub.Heartbeat(make_request(), timeout=max(interval_s, HEARTBEAT_MIN_TIMEOUT_S))
             liveness.heard()
         except grpc.aio.AioRpcError:
             pass

@@ -16,6 +16,13 @@ from typing import Any
 import aiohttp
 
 from agrpo.services.common.logging import get_logger
+from agrpo.services.common.timeouts import (
+    ABORT_TIMEOUT_S,
+    GENERATE_PROBE_TIMEOUT_S,
+    VLLM_GET_TIMEOUT_S,
+    VLLM_HEALTH_TIMEOUT_S,
+    WEIGHT_LABEL_TIMEOUT_S,
+)
 from agrpo.services.common.vllm_process import TRAINER_ENGINE
 from agrpo.services.common.vllm_process import parse_vllm_version as parse_version
 
@@ -99,19 +106,19 @@ class VLLMClient:
         self.endpoint = endpoint
         self.info: ServerInfo | None = None
 
-    async def _get(self, path: str, timeout: float = 10.0) -> Any:
+    async def _get(self, path: str, timeout: float = VLLM_GET_TIMEOUT_S) -> Any:
         async with self.session.get(self.base_url + path,
                                     timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             r.raise_for_status()
             return await r.json(content_type=None)
 
-    async def healthy(self, timeout: float = 5.0) -> bool:
+    async def healthy(self, timeout: float = VLLM_HEALTH_TIMEOUT_S) -> bool:
         """True when GET /health answers 200."""
         try:
             async with self.session.get(self.base_url + "/health",
                                         timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                 return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return False
 
     async def wait_healthy(self, timeout_s: float, poll_s: float = 0.1, say_every_s: float = 5.0) -> None:
@@ -161,16 +168,16 @@ class VLLMClient:
         body = {"token_ids": [0], "sampling_params": {"max_tokens": 1, "temperature": 0.0}}
         try:
             async with self.session.post(self.base_url + "/inference/v1/generate", json=body,
-                                         timeout=aiohttp.ClientTimeout(total=60)) as r:
+                                         timeout=aiohttp.ClientTimeout(total=GENERATE_PROBE_TIMEOUT_S)) as r:
                 return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             return False
 
     async def weight_label(self) -> str | None:
         """The server's current weight version label (GET /weight_info), if offered."""
         try:
-            return (await self._get("/weight_info", timeout=5.0)).get("weight_version")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return (await self._get("/weight_info", timeout=WEIGHT_LABEL_TIMEOUT_S)).get("weight_version")
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return None
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
@@ -190,8 +197,7 @@ class VLLMClient:
                 outs = await self._generate_tokens(prompt_ids, sampling, request_id, salt)
             else:
                 outs = await self._completions(prompt_ids, sampling, request_id, salt)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, TypeError,
-                ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError, KeyError, TypeError, ValueError) as exc:
             status = exc.status if isinstance(exc, aiohttp.ClientResponseError) else None
             raise VLLMError(f"{self.base_url}: {type(exc).__name__}: {exc}", status) from exc
         if len(outs) != sampling.n:
@@ -245,9 +251,9 @@ class VLLMClient:
         path = "/inference/v1/abort_requests" if self.info and self.info.has_generate else "/abort_requests"
         try:
             async with self.session.post(self.base_url + path, json={"request_ids": ids},
-                                         timeout=aiohttp.ClientTimeout(total=5)) as r:
+                                         timeout=aiohttp.ClientTimeout(total=ABORT_TIMEOUT_S)) as r:
                 await r.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             pass
 
 

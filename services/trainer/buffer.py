@@ -165,5 +165,5 @@ class SampleBuffer:
         try:
             await asyncio.wait_for(self._nonempty.wait(), timeout)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False

@@ -102,7 +102,7 @@ class Ledger:
                 "owners": sorted([k[0], k[1], g] for k, g in self.owners.items() if k in self.trained_keys)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Ledger":
+    def from_dict(cls, data: dict) -> Ledger:
         ledger = cls(int(data.get("prompts_per_epoch", 0)))
         ledger.trained_ids = set(data.get("trained_ids", []))
         for idx, epoch in data.get("trained_keys", []):

@@ -113,6 +113,7 @@ class LossConfig:
 
 def importance_weights(log_rho: torch.Tensor, segment: torch.Tensor | None, cfg: LossConfig) -> torch.Tensor:
     """Per-term weights from log(pi_trainer / pi_vllm) (detached), per cfg.is_mode."""
+    assert cfg.is_mode is not None, "importance_weights needs cfg.is_mode"  # both callers check it
     if cfg.is_mode.startswith("sequence"):
         seg = segment if segment is not None else torch.zeros_like(log_rho, dtype=torch.long)
         per_seq = torch.zeros(int(seg.max()) + 1 if seg.numel() else 0, dtype=log_rho.dtype, device=log_rho.device)
@@ -166,7 +167,7 @@ def policy_stats(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, entro
     surrogate = torch.ones_like(ratio) if cfg.is_mode else ratio
     low = ((surrogate < 1 - cfg.epsilon) & (adv < 0)).float()
     high = ((surrogate > 1 + cfg.epsilon_high) & (adv > 0)).float()
-    stats = {
+    stats: dict[str, tuple[float, float] | float] = {
         "ratio": (ratio.sum().item(), n),
         "kl": (k3.sum().item(), n),
         "mismatch/k3_kl_mean": (k3.sum().item(), n),

@@ -94,7 +94,7 @@ class StepLogger:
         for backend in self.backends:
             try:
                 backend(step, clean)
-            except Exception:  # noqa: BLE001 - a logging backend never stops training
+            except Exception:  # a logging backend never stops training
                 log.exception("report_to backend failed")
 
 

@@ -134,7 +134,7 @@ class TreeRow:
         pos = {node: i for i, node in enumerate(order)}
         parent = [pos[self.parent[n]] if self.parent[n] >= 0 else -1 for n in order]
         labels_at = [-100] * len(order)
-        term = {k: [] for k in ("token_index", "labels", "old", "adv", "seg", "spos")}
+        term: dict[str, list] = {k: [] for k in ("token_index", "labels", "old", "adv", "seg", "spos")}
         for slot, (sample, path) in enumerate(zip(self.samples, self.paths)):
             ids, mask, old = sample.input_ids, sample.completion_mask, sample.behavior_logprobs
             for p in range(1, len(ids)):
@@ -255,6 +255,7 @@ class TokenBudgetBatcher:
         if row is None:
             out.append(self._close())
             row = self._place(sample)
+            assert row is not None  # a fresh row takes any sample within the budget
         self.rows[row].add(sample)
         return out
 

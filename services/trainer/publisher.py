@@ -16,6 +16,7 @@ from functools import partial
 
 from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.common.logging import get_logger
+from agrpo.services.common.timeouts import COLD_SYNC_RETRY_S
 from agrpo.services.common.versions import Lineage, label_to_version
 
 from .intake import Intake
@@ -57,7 +58,7 @@ class WeightPublisher:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cold sync failed for {pending} after {self.cfg.vllm_server_timeout:.0f} s")
-            await asyncio.sleep(2.0)
+            await asyncio.sleep(COLD_SYNC_RETRY_S)
         self.state.version, self.state.version_step = version, self.state.step
         self._announce(version, self.state.step, list(self.syncer.urls), uri)
 
@@ -125,7 +126,7 @@ class WeightPublisher:
         version = self.state.version
         try:
             report = await self.syncer.reconcile(version, partial(self._prepare_payload, version))
-        except Exception:  # noqa: BLE001 - a failed check is retried next time
+        except Exception:  # a failed check is retried next time
             log.exception("reconcile failed")
             return
         if report is not None:

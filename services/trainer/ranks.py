@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from agrpo.services.common.logging import get_logger
+from agrpo.services.common.timeouts import RANK_BEAT_S
 
 log = get_logger("trainer.ranks")
 
@@ -50,8 +51,8 @@ class World:
 
 def world_from_env() -> World:
     """torchrun's RANK / WORLD_SIZE / LOCAL_RANK (one rank without them)."""
-    return World(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                 int(os.environ.get("LOCAL_RANK", 0)))
+    return World(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+                 int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def ranks_on_this_node(num_processes: int) -> int:
@@ -68,8 +69,8 @@ def run_ranks(n: int) -> None:
     same command, n ranks per node. Same pid, so the signals of agrpo run, compose or
     Kubernetes reach torchrun, which passes them to the ranks. One node: --standalone; more
     (PET_NNODES): torchrun takes the node rank and rank 0's address from its PET_* variables."""
-    nodes = int(os.environ.get("PET_NNODES", "1") or 1)
-    log.info("starting %d trainer ranks under torchrun (node %s of %d)", n, os.environ.get("PET_NODE_RANK", 0), nodes)
+    nodes = int(os.environ.get("PET_NNODES", "1") or "1")
+    log.info("starting %d trainer ranks under torchrun (node %s of %d)", n, os.environ.get("PET_NODE_RANK", "0"), nodes)
     where = [] if nodes > 1 else ["--standalone"]
     argv = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc_per_node", str(n),
             "-m", "agrpo.cli", *sys.argv[1:]]
@@ -145,7 +146,7 @@ class Commands:
         while not self.store.check([key]):
             if give_up():
                 return None
-            if time.monotonic() - beat > 2.0:  # rank 0's health watches this counter
+            if time.monotonic() - beat > RANK_BEAT_S:  # rank 0's health watches this counter
                 self.store.add(f"agrpo/beat/{rank}", 1)
                 beat = time.monotonic()
             time.sleep(pause)
@@ -199,7 +200,7 @@ class RankGroup:
         t0, self._busy = time.monotonic(), True
         try:
             return run()
-        except Exception as exc:  # noqa: BLE001 - gloo/NCCL raise RuntimeError and friends
+        except Exception as exc:  # gloo/NCCL raise RuntimeError and friends
             if self.world.size == 1:
                 raise
             behind = self._commands.behind(self.world.size)

@@ -15,12 +15,13 @@ import os
 import sys
 from pathlib import Path
 
-from agrpo.v1 import common_pb2
-from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.common.logging import get_logger, setup_logging
 from agrpo.services.common.preflight import StartupError
 from agrpo.services.common.server import GrpcServer, StopSignals
+from agrpo.services.common.timeouts import RANK_SILENT_S, RANK_WATCH_PERIOD_S
+from agrpo.v1 import common_pb2
+from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 
 from . import ranks
 from .app import TrainerApp
@@ -83,7 +84,7 @@ class TrainerService:
         await self.grpc_server.set_serving(True)
         self._run_task = asyncio.create_task(self._run())
 
-    async def _watch_ranks(self, every_s: float = 5.0, silent_s: float = 30.0) -> None:
+    async def _watch_ranks(self, every_s: float = RANK_WATCH_PERIOD_S, silent_s: float = RANK_SILENT_S) -> None:
         """Health reflects every rank: NOT_SERVING while a rank waiting for work stops beating."""
         silent_before: list[int] = []
         while True:

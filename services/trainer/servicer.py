@@ -11,14 +11,14 @@ import asyncio
 
 import grpc
 
-from agrpo.v1 import common_pb2
-from agrpo.v1 import trainer_service_pb2 as trainer_pb
-from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 from agrpo.services.common import weight_transports
 from agrpo.services.common.errors import InvalidArgument, Unavailable, grpc_errors
 from agrpo.services.common.identity import Identity, now_timestamp
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.versions import lineage_to_proto, oldest_version
+from agrpo.v1 import common_pb2
+from agrpo.v1 import trainer_service_pb2 as trainer_pb
+from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 
 from .intake import Outbound
 from .sample import MAX_ID_CHARS, Sample

@@ -4,7 +4,6 @@ scheduler, engine, weight transport and syncer, step logger. Blocking (runs in a
 
 from __future__ import annotations
 
-
 import torch
 
 from agrpo.services.common import weight_transports

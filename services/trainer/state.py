@@ -24,7 +24,7 @@ class TrainState:
                 "ledger": (self.ledger or Ledger()).to_dict(), "lineage": self.lineage.to_list()}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TrainState":
+    def from_dict(cls, data: dict) -> TrainState:
         return cls(int(data["step"]), int(data["version"]), int(data.get("version_step", -1)),
                    Ledger.from_dict(data.get("ledger", {})), Lineage.from_list(data.get("lineage")))
 

@@ -29,7 +29,7 @@ def demo_run(request, tmp_path_factory):
         [sys.executable, "-m", "agrpo.cli", "demo", "--epochs", str(EPOCHS),
          "--num-prompts", str(NUM_PROMPTS), "--learning-rate", "5e-3", "--out", str(out),
          "--timeout", "900", *generation],
-        capture_output=True, text=True, timeout=1200)
+        capture_output=True, text=True, timeout=1200, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["generation"] == ("trainer" if request.param == "default" else "vllm"), summary

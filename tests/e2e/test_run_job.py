@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from trainer_helpers import restore_server
 from vllm_server import free_port
 
@@ -81,7 +82,7 @@ def _steps(out: Path) -> list[int]:
 def test_agrpo_run_trains_a_users_job_and_exits_0(shared, tiny_model_dir, tmp_path):
     job = user_job(tmp_path, shared, tiny_model_dir)
     r = subprocess.run([*AGRPO, "run", str(job)], cwd=job.parent, env=_env(), capture_output=True, text=True,
-                       timeout=600)
+                       timeout=600, check=False)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert _steps(tmp_path / "out") == [1, 2, 3]
     trained = (tmp_path / "out" / "trained_samples.jsonl").read_text().splitlines()
@@ -141,7 +142,7 @@ def test_two_trainer_ranks_stop_together_on_ctrl_c(shared, tiny_model_dir, tmp_p
 def test_a_raising_reward_stops_the_run_naming_it(shared, tiny_model_dir, tmp_path):
     job = user_job(tmp_path, shared, tiny_model_dir, max_steps=50, reward_funcs=["my_rewards:always_fails"])
     r = subprocess.run([*AGRPO, "run", str(job)], cwd=job.parent, env=_env(), capture_output=True, text=True,
-                       timeout=600)
+                       timeout=600, check=False)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     last = r.stderr.strip().splitlines()[-1]
     assert "always_fails" in last and "ZeroDivisionError" in last and "Traceback" not in r.stderr
@@ -177,7 +178,7 @@ def test_python_api_runs_trls_quick_start(shared, tiny_model_dir, tmp_path):
             print("TRAINED")
     """))
     r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                       timeout=600)
+                       timeout=600, check=False)
     assert r.returncode == 0 and "TRAINED" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
     assert _steps(tmp_path / "out") == [1, 2]
     assert (tmp_path / "out" / "api" / "train.jsonl").exists()
@@ -214,7 +215,7 @@ def test_each_startup_mistake_is_one_line(tiny_model_dir, tmp_path, what, change
         job = user_job(tmp_path, server, tiny_model_dir, **change(held.getsockname()[1]))
         t0 = time.monotonic()
         r = subprocess.run([*AGRPO, "run", str(job)], cwd=job.parent, env=_env(), capture_output=True, text=True,
-                           timeout=60)
+                           timeout=60, check=False)
         elapsed = time.monotonic() - t0
     finally:
         held.close()

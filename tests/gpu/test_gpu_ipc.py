@@ -24,6 +24,7 @@ def _named(seed: int):
 
 def _child(requests, answers) -> None:
     import torch
+
     from agrpo_vllm_plugin.ipc import OpenBuffer, views
 
     held = OpenBuffer()

@@ -88,7 +88,7 @@ def test_fsdp2_two_gpus_equals_one(tiny_gpu_model, tmp_path, extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "benchmarks" / "gpu_fsdp2.py"), "--model", str(tiny_gpu_model), "--prompt", "32",
            "--completion", "32", "--steps", "3", "--results", str(out), *extra]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(out.read_text().splitlines()[-1])
     assert res["ok"], res

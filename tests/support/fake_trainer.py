@@ -14,10 +14,10 @@ from collections import deque
 
 import grpc
 
+from agrpo.services.common.identity import Identity, now_timestamp
 from agrpo.v1 import common_pb2
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
-from agrpo.services.common.identity import Identity, now_timestamp
 
 ACCEPTED = trainer_pb.SAMPLE_OUTCOME_ACCEPTED
 TRAINED = trainer_pb.SAMPLE_OUTCOME_TRAINED

@@ -107,7 +107,7 @@ class MainStream:
         self.outgoing.put_nowait(None)
         try:
             await asyncio.wait_for(self.reader, 30)
-        except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+        except (TimeoutError, grpc.aio.AioRpcError):
             self.reader.cancel()
 
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from google.protobuf import struct_pb2
 
-from agrpo.v1 import reward_service_pb2 as pb
-from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
 from agrpo.services.common.channels import open_channel
 from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.reward.server import RewardService, build
+from agrpo.v1 import reward_service_pb2 as pb
+from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
 
 HERE = Path(__file__).resolve().parent
 SERVICE = "agrpo.v1.RewardService"

@@ -47,9 +47,9 @@ class Producer:
     """A PushSamples client over a real gRPC channel: sends, then collects acks."""
 
     def __init__(self, port: int, producer_id: str = "producer-1", prompts_per_epoch: int = 0) -> None:
+        from agrpo.services.common.channels import open_channel
         from agrpo.v1 import trainer_service_pb2 as trainer_pb
         from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
-        from agrpo.services.common.channels import open_channel
 
         self.pb = trainer_pb
         self.channel = open_channel(f"127.0.0.1:{port}", ["agrpo.v1.TrainerService"])

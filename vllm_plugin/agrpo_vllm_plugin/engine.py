@@ -106,7 +106,7 @@ class CpuHttpWeightTransferEngine(WeightTransferEngine[CpuHttpInitInfo, CpuHttpU
         cached = getattr(self.model, "_agrpo_kept_reload", None)
         if cached is None:
             why = cpu_reload.refusal(self.model, self.model_config)
-            cached = cpu_reload.KeptReload(self.model) if not why else why
+            cached = why or cpu_reload.KeptReload(self.model)
             logger.info("cpu_http: %s", f"vLLM's layerwise reload ({why})" if why else
                         "kept reload (updated layers packed again from unpacked weights kept in memory)")
             self.model._agrpo_kept_reload = cached

@@ -70,7 +70,7 @@ class AgrpoConfig(GRPOArgs):
         return value
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "AgrpoConfig":
+    def _cross_checks(self) -> AgrpoConfig:
         if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(self.reward_weights)} entries but "
                              f"reward_funcs has {len(self.reward_funcs)}")

@@ -40,7 +40,7 @@ class TLSConfig(Section):
     """Client side: expected server name when it differs from the dialled host."""
 
     @model_validator(mode="after")
-    def _files_when_enabled(self) -> "TLSConfig":
+    def _files_when_enabled(self) -> TLSConfig:
         if self.enabled and not (self.cert_file and self.key_file):
             raise ValueError("tls.enabled needs tls.cert_file and tls.key_file")
         if self.require_client_auth and not self.ca_file:
@@ -205,6 +205,21 @@ class TrainerSection(ServiceSection):
     """Dtype of weights on the wire (send the server's dtype); auto: the training dtype."""
     http_chunk_mb: int = Field(64, ge=1)
     """Largest safetensors chunk per /update_weights call (http transport), in MiB."""
+    nccl_buffer_mb: int = Field(1024, ge=1)
+    """Packed broadcast buffer of the nccl transport, in MiB: one broadcast per buffer's worth of
+    tensors (the tensor that crosses the limit stays in its chunk). vLLM gets it as
+    packed_buffer_size_bytes, so both sides cut the same chunks."""
+    nccl_rendezvous: Literal["auto", "b64", "store", "vllm"] = "auto"
+    """How the nccl transport sets up its communicator with vLLM. b64: the NCCL unique id in the
+    init request (vLLM >= 0.30). store: the trainer hosts a TCPStore vLLM's workers dial (any
+    version, no vLLM import). vllm: vLLM's own helper (imports vLLM in the trainer). auto: b64
+    where the server takes it, else store."""
+    nccl_master_address: str | None = None
+    """Address of this host that vLLM's workers dial for the store and vllm rendezvous (the port
+    is a free one, picked each time); None: this host's address on the route to the server."""
+    nccl_timeout_s: float = Field(120.0, gt=0)
+    """Timeout of each blocking nccl step (rendezvous, broadcast and the server's call beside it)
+    and of the store rendezvous; past it the sync fails naming the phase."""
     max_samples_per_micro_batch: int | None = Field(None, ge=1)
     """Close a micro-batch after this many samples; None: only the token budget closes it (TRL)."""
     idle_flush_s: float = Field(5.0, gt=0)
@@ -278,7 +293,7 @@ class TrainerSection(ServiceSection):
     is over sooner eager (docs/vs-trl.md)."""
 
     @model_validator(mode="after")
-    def _ipc_loads_directly(self) -> "TrainerSection":
+    def _ipc_loads_directly(self) -> TrainerSection:
         if self.weight_transport == "ipc" and self.weight_load == "vllm":
             raise ValueError("trainer.weight_transport=ipc loads through our worker extension: "
                              "trainer.weight_load must be auto or direct, not vllm")

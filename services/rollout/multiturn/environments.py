@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .tools import load_callable, tool_schema
 
@@ -71,7 +72,7 @@ class Environments:
         self.specs = {name: probe(name, f) for name, f in items}
 
     @classmethod
-    def from_config(cls, value: str | dict[str, str]) -> "Environments":
+    def from_config(cls, value: str | dict[str, str]) -> Environments:
         if isinstance(value, dict):
             return cls({k: load_callable(v) for k, v in value.items()})
         return cls(load_callable(value))

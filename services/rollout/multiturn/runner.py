@@ -196,7 +196,8 @@ class MultiTurn:
         for i, res in enumerate(results):
             tok_per_s = res.generated / max(res.latency_s, 1e-9)
             for k, row in enumerate(res.rows):
-                P = min(min(common_prefix(row.ids, f) for f in firsts), row.mask.index(1))
+                shared = min(common_prefix(row.ids, f) for f in firsts)
+                P = min(shared, row.mask.index(1))
                 out.append(Row(i, row.ids, row.mask, row.logprobs, P, row.spans(),
                                oldest_version([row.oldest_version()], group.version), tok_per_s,
                                tool_metrics(res, called), fork=k))

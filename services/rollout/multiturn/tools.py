@@ -17,8 +17,9 @@ import inspect
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from agrpo.services.common.imports import load_object
 
@@ -145,7 +146,7 @@ async def execute(call: ToolCall, tools: dict[str, Callable], timeout_s: float) 
                 result = await asyncio.wait_for(result, timeout_s)
         content = result if isinstance(result, str) else json.dumps(result, default=str)
         return ToolResult(call.name, content, True, time.monotonic() - t0)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         err = f"tool {call.name!r} timed out after {timeout_s:g} s"
     except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's feedback
         err = f"{type(exc).__name__}: {exc}"

@@ -112,7 +112,7 @@ class Generator:
             while budget > 0:
                 try:
                     nxt = await asyncio.wait_for(self._queue.get(), GATHER_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
                 batch.append(nxt)
                 budget -= nxt.params.n

@@ -6,7 +6,6 @@ hung server shows up as "phase 'update' on http://...: ..." instead of a hang.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -57,7 +56,7 @@ class VLLMAdmin:
                     return await r.json(content_type=None)
                 except ValueError:
                     return text
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise WeightSyncError(phase, self.url, f"timed out after {timeout or self.phase_timeout:.1f} s") from None
         except aiohttp.ClientError as exc:
             raise WeightSyncError(phase, self.url, f"{type(exc).__name__}: {exc}") from None

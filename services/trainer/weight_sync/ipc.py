@@ -27,8 +27,8 @@ import time
 
 import torch
 
-from .client import IPC_CHECK, IPC_LOAD, VLLMAdmin, WeightSyncError
 from .base import Prepared, WeightTransport
+from .client import IPC_CHECK, IPC_LOAD, VLLMAdmin, WeightSyncError
 from .transports import gpu_uuid, manifest
 
 ALIGN = 256  # bytes: every tensor starts on a boundary any dtype (and any kernel) accepts

@@ -41,12 +41,13 @@ import torch
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.vllm_process import parse_vllm_version as parse_version
 
-from .client import IPC_CHECK, VLLMAdmin, WeightSyncError
 from .base import Prepared, WeightTransport
+from .client import IPC_CHECK, VLLMAdmin, WeightSyncError
 from .transports import gpu_uuid, manifest
 
-DEFAULT_BUFFER_BYTES = 1 << 30
+DEFAULT_BUFFER_BYTES = 1 << 30  # trainer.nccl_buffer_mb's default (1024 MiB)
 DEFAULT_NUM_BUFFERS = 2
+DEFAULT_TIMEOUT_S = 120.0  # trainer.nccl_timeout_s's default
 VLLM_UNIQUE_ID_CLASS = ("vllm.distributed.device_communicators.pynccl_wrapper", "ncclUniqueId")
 
 log = get_logger("trainer.weight_sync.nccl")
@@ -60,7 +61,7 @@ class NcclProtocol:
     unique_id_b64: bool    # >= 0.30
 
     @classmethod
-    def for_version(cls, version: str) -> "NcclProtocol":
+    def for_version(cls, version: str) -> NcclProtocol:
         v = parse_version(version)
         return cls(packed_in_init=v >= (0, 28, 0), unique_id_b64=v >= (0, 30, 0))
 
@@ -158,7 +159,7 @@ class NcclLib:
         except OSError:
             import nvidia.nccl  # the pip package torch depends on
 
-            lib = ctypes.CDLL(f"{list(nvidia.nccl.__path__)[0]}/lib/libnccl.so.2")
+            lib = ctypes.CDLL(f"{next(iter(nvidia.nccl.__path__))}/lib/libnccl.so.2")
         self.ct, self.lib = ctypes, lib
 
         class UniqueId(ctypes.Structure):
@@ -245,10 +246,12 @@ class NcclTransport(WeightTransport):
 
     @classmethod
     def from_config(cls, cfg, device: torch.device) -> NcclTransport:
-        return cls()
+        t = cfg.trainer
+        return cls(buffer_bytes=t.nccl_buffer_mb * 1024 * 1024, rendezvous=t.nccl_rendezvous,
+                   timeout=t.nccl_timeout_s, master_address=t.nccl_master_address)
 
     def __init__(self, buffer_bytes: int = DEFAULT_BUFFER_BYTES, rendezvous: str = "auto",
-                 timeout: float = 120.0, master_address: str | None = None) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_S, master_address: str | None = None) -> None:
         if rendezvous not in ("auto", "b64", "vllm", "store"):
             raise ValueError(f"unknown rendezvous {rendezvous!r}")
         self.buffer_bytes, self.rendezvous, self.timeout = buffer_bytes, rendezvous, timeout

@@ -39,8 +39,8 @@ import aiohttp
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.vllm_process import parse_vllm_version
 
-from .client import SWAP_METHOD, VLLMAdmin, WeightSyncError
 from .base import Prepared
+from .client import SWAP_METHOD, VLLMAdmin, WeightSyncError
 
 log = get_logger("trainer.weight_sync")
 
@@ -153,7 +153,7 @@ class WeightSyncer:
         current = ["connect"]
         try:
             await asyncio.wait_for(self._phases(server, prepared, report, current), self.total_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise WeightSyncError(current[0], url,
                                   f"whole sync exceeded weight_sync_timeout={self.total_timeout:.1f} s") from None
 

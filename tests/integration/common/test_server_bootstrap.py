@@ -15,11 +15,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from agrpo.v1 import common_pb2, rollout_service_pb2_grpc
 from agrpo.services.common.channels import open_channel
 from agrpo.services.common.config.sections import AuthConfig, RolloutSection
 from agrpo.services.common.identity import Identity
 from agrpo.services.common.server import GrpcServer
+from agrpo.v1 import common_pb2, rollout_service_pb2_grpc
 
 SERVICE = "agrpo.v1.RolloutService"
 

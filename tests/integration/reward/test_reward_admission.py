@@ -9,9 +9,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from agrpo.services.reward.pool import WorkerStartError
 from agrpo.v1 import reward_service_pb2 as pb
 from reward_helpers import SERVICE, client, item, make_cfg, request, running, values
-from agrpo.services.reward.pool import WorkerStartError
 
 pytestmark = pytest.mark.timeout(120)
 U = "reward_user_funcs"
@@ -149,8 +149,7 @@ async def test_health_serving_and_reflection_lists_the_service():
 
 
 def _reflected_services(port: int) -> list[str]:
-    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
-        ProtoReflectionDescriptorDatabase)
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
     with grpc.insecure_channel(f"localhost:{port}") as channel:
         db = ProtoReflectionDescriptorDatabase(channel)

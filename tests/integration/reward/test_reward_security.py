@@ -14,10 +14,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 
+from agrpo.services.common.config.sections import AuthConfig, TLSConfig
 from agrpo.v1 import reward_service_pb2 as pb
 from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
 from reward_helpers import SERVICE, client, item, make_cfg, request, running, values
-from agrpo.services.common.config.sections import AuthConfig, TLSConfig
 
 pytestmark = pytest.mark.timeout(120)
 FUNCS = [{"name": "think_format"}]
@@ -156,4 +156,4 @@ async def test_tls_and_mtls(pki: Path):
 def _probe(port: int, args: list[str]) -> int:
     probe = Path(__file__).resolve().parents[3] / "deploy" / "docker" / "grpc_health_probe.py"
     return subprocess.run([sys.executable, str(probe), f"localhost:{port}", "--service", SERVICE,
-                           "--timeout", "10", *args], capture_output=True).returncode
+                           "--timeout", "10", *args], capture_output=True, check=False).returncode

@@ -14,8 +14,7 @@ import pytest_asyncio
 from prometheus_client import generate_latest
 
 from agrpo.v1 import reward_service_pb2 as pb
-from reward_helpers import (FAILED, NA, OK, TIMEOUT, client, column, item, make_cfg, request,
-                            running, values)
+from reward_helpers import FAILED, NA, OK, TIMEOUT, client, column, item, make_cfg, request, running, values
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 

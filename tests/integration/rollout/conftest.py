@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fake_trainer import FakeTrainer
-from rollout_helpers import write_dataset
 
 from agrpo.services.common.config import AgrpoConfig
+from fake_trainer import FakeTrainer
+from rollout_helpers import write_dataset
 
 
 @pytest.fixture

@@ -21,11 +21,11 @@ import aiohttp
 import pytest
 
 import mt_tools as T
-from rollout_helpers import make_cfg, running_rollout, wait_for
 from agrpo.services.common.versions import label_to_version
 from agrpo.services.rollout.multiturn.conversation import TurnLimits, run_conversation
 from agrpo.services.rollout.multiturn.tools import load_tools, tool_schema
 from agrpo.services.rollout.vllm_client import Completion, SamplingConfig, VLLMClient
+from rollout_helpers import make_cfg, running_rollout, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 M = "mt_tools"
@@ -128,7 +128,7 @@ async def test_async_raising_and_hanging_tools(client, tok, tool, args, ok, expe
     # One tool per conversation: the tiny tokenizer spends ~300 tokens on a schema (max_model_len 512).
     res, log = await converse(client, tok, call(tool, **args), [tool], timeout=0.5)
     assert res.tool_calls == 1 and res.tool_failures == (0 if ok else 1)
-    content = [m for m in res.messages if m["role"] == "tool"][0]["content"]
+    content = next(m for m in res.messages if m["role"] == "tool")["content"]
     assert content == expect if ok else expect in json.loads(content)["error"]
     assert expect in tok.decode(log[1][0])    # the model sees the result or the error
 
@@ -176,7 +176,7 @@ async def test_rollout_service_with_two_environments(vllm_server, tiny_model_dir
         by_env.setdefault(env, []).append(s)
         text = s.completion_text
         assert len(s.input_ids) == len(s.completion_mask) == len(s.behavior_logprobs)
-        assert 0 < s.prompt_length and s.completion_mask[s.prompt_length] == 1
+        assert s.prompt_length > 0 and s.completion_mask[s.prompt_length] == 1
         # as TRL: the two tool frequencies exist together, only for a group that called a tool
         assert ("tools/call_frequency" in s.metrics) == ("tools/failure_frequency" in s.metrics)
         assert "tools/latency_ms" in s.metrics and "tools/loop_exhausted" in s.metrics

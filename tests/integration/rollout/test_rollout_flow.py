@@ -13,8 +13,8 @@ import asyncio
 
 import pytest
 
-from rollout_helpers import NUM_PROMPTS, make_cfg, running_rollout, wait_for
 from fake_trainer import FakeTrainer
+from rollout_helpers import NUM_PROMPTS, make_cfg, running_rollout, wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 G = 4

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from rollout_helpers import make_cfg, running_rollout, wait_for, write_dataset
-from fake_trainer import FakeTrainer
 from agrpo.services.common.config import AgrpoConfig
+from fake_trainer import FakeTrainer
+from rollout_helpers import make_cfg, running_rollout, wait_for, write_dataset
 from vllm_server import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]

@@ -9,8 +9,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rollout_helpers import make_cfg, running_rollout, wait_for, write_dataset
 from fake_trainer import FakeTrainer
+from rollout_helpers import make_cfg, running_rollout, wait_for, write_dataset
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 G = 4
@@ -45,17 +45,16 @@ async def test_silent_trainer_is_reported_in_health_and_status(vllm_server, tiny
                                                                reward_port, trainer):
     cfg = make_cfg(vllm_urls=[vllm_server.base_url], model_dir=tiny_model_dir, dataset_file=dataset_file,
                    trainer_port=trainer.port, reward_port=reward_port, heartbeat_stale_after_s=1.5)
-    async with running_rollout(cfg) as svc:
-        async with grpc.aio.insecure_channel(f"localhost:{svc.port}") as ch:
-            health = health_pb2_grpc.HealthStub(ch)
-            req = health_pb2.HealthCheckRequest(service="agrpo.v1.RolloutService")
-            assert (await health.Check(req)).status == health_pb2.HealthCheckResponse.SERVING
-            await trainer.stop()
-            await wait_for(lambda: svc.app.liveness.stale, timeout=30, what="trainer reported silent")
-            for _ in range(50):
-                if (await health.Check(req)).status == health_pb2.HealthCheckResponse.NOT_SERVING:
-                    break
-                await asyncio.sleep(0.2)
-            assert (await health.Check(req)).status == health_pb2.HealthCheckResponse.NOT_SERVING
-            assert svc.app.status()["trainer_silent_s"] > 1.5
-            assert not svc.app.status()["trainer_connected"]
+    async with running_rollout(cfg) as svc, grpc.aio.insecure_channel(f"localhost:{svc.port}") as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        req = health_pb2.HealthCheckRequest(service="agrpo.v1.RolloutService")
+        assert (await health.Check(req)).status == health_pb2.HealthCheckResponse.SERVING
+        await trainer.stop()
+        await wait_for(lambda: svc.app.liveness.stale, timeout=30, what="trainer reported silent")
+        for _ in range(50):
+            if (await health.Check(req)).status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                break
+            await asyncio.sleep(0.2)
+        assert (await health.Check(req)).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert svc.app.status()["trainer_silent_s"] > 1.5
+        assert not svc.app.status()["trainer_connected"]

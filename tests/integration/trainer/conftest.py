@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from trainer_helpers import restore_server
 
 

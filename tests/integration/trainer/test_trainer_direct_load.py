@@ -8,12 +8,12 @@ needs CUDA: it runs in scripts/gpu/run_sync_bench.sh (docs/gpu.md).
 from __future__ import annotations
 
 import pytest
-from trainer_helpers import greedy, vllm_greedy
-from vllm_server import VLLMServer
 
 from agrpo.services.common.vllm_process import WORKER_EXTENSION
 from agrpo.services.trainer.weight_sync import WeightSyncer
 from agrpo.services.trainer.weight_sync.transports import HttpTransport, named_weights
+from trainer_helpers import greedy, vllm_greedy
+from vllm_server import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 

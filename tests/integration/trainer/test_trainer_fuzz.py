@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from fuzz_driver import fuzz, fuzz_targets, serving, trained_problems
-from fuzz_samples import KINDS
-from trainer_helpers import make_cfg
 
 from agrpo.v1 import common_pb2
 from agrpo.v1 import rollout_service_pb2_grpc as rollout_grpc
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
+from fuzz_driver import fuzz, fuzz_targets, serving, trained_problems
+from fuzz_samples import KINDS
+from trainer_helpers import make_cfg
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 NUM_CASES = 1000

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trainer_helpers import Producer, rollout_samples
-from vllm_server import free_port
 
 from agrpo.services.trainer.audit import verify
+from trainer_helpers import Producer, rollout_samples
+from vllm_server import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 STEPS, BATCH = 3, 8

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from trainer_helpers import Producer, make_cfg, rollout_samples
 
 from agrpo.services.trainer.sample import Outcome
 from agrpo.services.trainer.server import build
+from trainer_helpers import Producer, make_cfg, rollout_samples
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

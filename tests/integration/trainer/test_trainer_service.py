@@ -7,16 +7,16 @@ import json
 
 import grpc
 import pytest
-from trainer_helpers import Producer, greedy, make_cfg, rollout_samples, vllm_greedy
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from agrpo.services.trainer.app import build_pace
+from agrpo.services.trainer.sample import Outcome
+from agrpo.services.trainer.server import build
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 from agrpo.v1.common_pb2 import GetStatusRequest, HeartbeatRequest
-from agrpo.services.trainer.app import build_pace
 from agrpo.v1.trainer_service_pb2 import WatchPolicyRequest
-from agrpo.services.trainer.sample import Outcome
-from agrpo.services.trainer.server import build
+from trainer_helpers import Producer, greedy, make_cfg, rollout_samples, vllm_greedy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

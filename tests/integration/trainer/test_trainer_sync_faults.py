@@ -15,11 +15,11 @@ import signal
 import time
 
 import pytest
-from trainer_helpers import greedy, vllm_greedy
-from vllm_server import VLLMServer
 
 from agrpo.services.trainer.weight_sync import WeightSyncer
 from agrpo.services.trainer.weight_sync.transports import HttpTransport, named_weights
+from trainer_helpers import greedy, vllm_greedy
+from vllm_server import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -14,10 +14,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import pytest
-from trainer_helpers import greedy, vllm_greedy
 
 from agrpo.services.trainer.weight_sync import WeightSyncer
 from agrpo.services.trainer.weight_sync.transports import HttpTransport, Prepared, named_weights
+from trainer_helpers import greedy, vllm_greedy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 

@@ -81,5 +81,5 @@ def test_protos_pass_buf_lint():
     buf = str(buf) if buf.exists() else shutil.which("buf")
     if not buf:
         pytest.skip("buf not installed (scripts/setup_env.sh tools installs it from npm)")
-    proc = subprocess.run([buf, "lint"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([buf, "lint"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

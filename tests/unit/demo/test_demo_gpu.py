@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from agrpo.v1 import common_pb2
 
+from agrpo.demo import gpu, report, runner
+from agrpo.demo.cli import parse
+from agrpo.demo.runner import write_config
+from agrpo.launcher.processes import status_numbers
 from agrpo.services.common.config import load_config
 from agrpo.services.common.vllm_process import (
     NCCL_SAFE_ENV,
@@ -20,11 +23,7 @@ from agrpo.services.common.vllm_process import (
     supports_scale_out,
     vllm_python,
 )
-from agrpo.demo import gpu, report
-from agrpo.demo.cli import parse
-from agrpo.launcher.processes import status_numbers
-from agrpo.demo import runner
-from agrpo.demo.runner import write_config
+from agrpo.v1 import common_pb2
 
 REPO = Path(__file__).resolve().parents[3]
 GPU_ARGS = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "512",
@@ -227,8 +226,8 @@ def test_set_overrides_reach_the_config(tmp_path):
 
 
 def test_trainer_gets_its_gpu_and_reads_no_launcher_variable_as_config(tmp_path, monkeypatch):
-    from agrpo.services.common.config import load_config
     from agrpo.launcher.processes import ServiceProcess
+    from agrpo.services.common.config import load_config
 
     monkeypatch.setenv("AGRPO_VLLM_PYTHON", "python3")  # the demo's; not a config key
     proc = ServiceProcess("trainer", ["true"], tmp_path / "t.log", env=gpu.service_env("trainer", gpu.GpuOptions()))

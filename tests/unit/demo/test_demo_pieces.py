@@ -6,8 +6,8 @@ import math
 import pytest
 
 from agrpo.demo import report
-from agrpo.launcher import progress
 from agrpo.demo.task import digit_share, final_answer, write_arithmetic_dataset
+from agrpo.launcher import progress
 
 
 def test_digit_share_on_text_and_messages():

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agrpo.services.common.config import AgrpoConfig
-from agrpo.services.common.preflight import StartupError
 from agrpo.launcher.gpus import trainer_devices
 from agrpo.launcher.processes import agrpo_argv
 from agrpo.launcher.supervisor import RestartPolicy, Supervised
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.common.preflight import StartupError
 
 
 def _cfg(ranks: int = 1, **launcher) -> AgrpoConfig:
@@ -90,7 +90,7 @@ def test_exit_0_is_done_and_exit_2_ends_the_job_with_its_line():
     assert done.check() is None and done.done
     fatal = Supervised(_Process([2]))
     fatal.start()
-    with pytest.raises(StartupError, match="^trainer.model: cannot load$"):
+    with pytest.raises(StartupError, match=r"^trainer\.model: cannot load$"):
         fatal.check()
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from google.protobuf import struct_pb2
 
-from agrpo.v1 import reward_service_pb2 as pb
 from agrpo.services.common.errors import InvalidArgument
 from agrpo.services.reward import convert
+from agrpo.v1 import reward_service_pb2 as pb
 
 
 def test_values_become_plain_python():

@@ -59,7 +59,7 @@ def test_load_user_functions(user_module):
 
 
 def test_builtins_load_with_params():
-    fn, info = r.load(r.FunctionSpec("builtin:cosine_scaled", kwargs={"max_len": 10}))
+    _fn, info = r.load(r.FunctionSpec("builtin:cosine_scaled", kwargs={"max_len": 10}))
     assert info.name == "cosine_scaled_reward" and info.builtin and info.required_columns == ("solution",)
     with pytest.raises(ValueError, match="cosine_scaled"):
         r.load(r.FunctionSpec("builtin:cosine_scaled", kwargs={"bogus": 1}))

@@ -3,7 +3,6 @@
 import asyncio
 
 import pytest
-from rollout_fakes import FakeSender
 
 from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.common.preflight import StartupError
@@ -14,6 +13,7 @@ from agrpo.services.rollout.metrics import RolloutMetrics
 from agrpo.services.rollout.schedule import PromptScheduler
 from agrpo.services.rollout.scoring import GroupScores
 from agrpo.services.rollout.vllm_client import Completion, VLLMIncompatible
+from rollout_fakes import FakeSender
 
 
 class FakeBalancer:
@@ -88,7 +88,7 @@ async def run_until(eng, pred, timeout=5.0):
 
 
 async def test_groups_become_samples_with_layout_and_advantages():
-    eng, sched, sender = make()
+    eng, _sched, sender = make()
     await run_until(eng, lambda: len(sender.groups) == 4)
     key, version, samples = sender.groups[0]
     assert version == 0 and len(samples) == 2
@@ -164,7 +164,7 @@ async def test_failed_generation_reissues_the_prompt():
 
 
 async def test_a_prompt_vllm_always_refuses_stops_the_run_with_the_reason():
-    eng, sched, sender = make(balancer=FakeBalancer(refuse_prompts={102}))
+    eng, _sched, _sender = make(balancer=FakeBalancer(refuse_prompts={102}))
     with pytest.raises(StartupError, match=r"vLLM refused prompt 2 \(epoch 0\) 3 times: 400: prompt longer"):
         await asyncio.wait_for(eng.run(), 10)
     assert eng.drops["generation_failed"] == 2  # re-issued twice, then the run stops
@@ -173,7 +173,7 @@ async def test_a_prompt_vllm_always_refuses_stops_the_run_with_the_reason():
 async def test_version_bump_aborts_stale_inflight_groups_and_reissues():
     block = asyncio.Event()
     bal = FakeBalancer(block=block)
-    eng, sched, sender = make(n_prompts=2, G=2, balancer=bal)
+    eng, _sched, sender = make(n_prompts=2, G=2, balancer=bal)
     task = asyncio.create_task(eng.run())
     for _ in range(100):
         if len(eng.generating) == 2:

@@ -6,9 +6,9 @@ import math
 import grpc
 import pytest
 
+from agrpo.services.rollout.scoring import Scorer, ScoringFailed, build_request
 from agrpo.v1 import reward_service_pb2 as reward_pb
 from agrpo.v1 import reward_service_pb2_grpc as reward_grpc
-from agrpo.services.rollout.scoring import Scorer, ScoringFailed, build_request
 
 
 class FakeReward(reward_grpc.RewardServiceServicer):

@@ -3,9 +3,9 @@
 import grpc
 import pytest
 
+from agrpo.services.rollout.sender import Sender
 from agrpo.v1 import common_pb2 as pb
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
-from agrpo.services.rollout.sender import Sender
 
 
 class Hooks:

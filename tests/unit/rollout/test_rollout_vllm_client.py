@@ -4,8 +4,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agrpo.services.rollout.vllm_client import (SamplingConfig, VLLMClient, VLLMError, VLLMIncompatible,
-                                          parse_version)
+from agrpo.services.rollout.vllm_client import SamplingConfig, VLLMClient, VLLMError, VLLMIncompatible, parse_version
 
 
 def make_app(version="0.32.0", dev=True, generate=True, seen=None):
@@ -85,7 +84,7 @@ async def test_a_whole_group_in_one_request_comes_back_in_index_order():
         await c.handshake(5, "0.22.0")
         outs = await c.generate_all([1, 2], SamplingConfig(max_tokens=8, n=3), "g1")
         seen["short_by"] = 1  # a server that answers with fewer completions than asked for
-        with pytest.raises(VLLMIncompatible, match="answered 2 of the 3 completions .*one_request_per_group"):
+        with pytest.raises(VLLMIncompatible, match=r"answered 2 of the 3 completions .*one_request_per_group"):
             await c.generate_all([1, 2], SamplingConfig(max_tokens=8, n=3), "g2")
         with pytest.raises(VLLMError, match="an answer without a completion"):  # n = 1: not a config matter
             await c.generate([1, 2], SamplingConfig(max_tokens=8), "r3")

@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 
 from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.trainer.engine_factory import build_engine
 from agrpo.services.trainer.fsdp import build_sharded_engine, full_weights_for_sync, weights_for_sync
 from agrpo.services.trainer.packing import TokenBudgetBatcher, iter_batches
 from agrpo.services.trainer.sample import Sample
-from agrpo.services.trainer.engine_factory import build_engine
 from agrpo.services.trainer.weight_sync.transports import named_weights
 
 STEPS = 3

@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
+
 from agrpo_vllm_plugin.swap import swap
 
 

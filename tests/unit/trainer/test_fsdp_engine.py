@@ -65,7 +65,7 @@ def result(request, tiny_model_dir, tmp_path_factory):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(HERE / "fsdp_engine_worker.py"), str(model), str(out)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     return dict(json.loads(out.read_text()), kind=request.param)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from agrpo.services.common.versions import Lineage
-
-is_stale = Lineage().stale  # the rule the trainer uses, on a lineage without restarts
 from agrpo.services.trainer.buffer import SampleBuffer
 from agrpo.services.trainer.intake import Intake
 from agrpo.services.trainer.ledger import Ledger
 from agrpo.services.trainer.sample import Outcome
+
+is_stale = Lineage().stale  # the rule the trainer uses, on a lineage without restarts
 
 
 def test_staleness_rule(make_sample):

@@ -8,8 +8,8 @@ import torch
 
 from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.trainer import checkpoint
-from agrpo.services.trainer.ledger import Ledger
 from agrpo.services.trainer.engine_factory import build_engine
+from agrpo.services.trainer.ledger import Ledger
 from agrpo.services.trainer.state import TrainState
 
 

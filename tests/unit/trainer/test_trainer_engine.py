@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from agrpo.services.common.config import AgrpoConfig
-from agrpo.services.trainer.packing import TokenBudgetBatcher, iter_batches
 from agrpo.services.trainer.engine_factory import build_engine
+from agrpo.services.trainer.packing import TokenBudgetBatcher, iter_batches
 
 
 @pytest.fixture(scope="module")

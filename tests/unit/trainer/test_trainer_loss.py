@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from agrpo.services.trainer.loss import (LossConfig, chunked_logprobs, normalised_loss, per_term_loss,
-                                   policy_stats)
+from agrpo.services.trainer.loss import LossConfig, chunked_logprobs, normalised_loss, per_term_loss, policy_stats
 
 
 def test_chunked_logprobs_equal_full_softmax():
@@ -72,7 +71,7 @@ def test_tis_weights_are_truncated():
     cfg = LossConfig(0.2, 0.2, tis_cap=2.0)
     logp = torch.tensor([0.0, 0.0], requires_grad=True)
     old = torch.tensor([math.log(0.25), math.log(2.0)])  # trainer/vLLM ratios 4 (capped to 2) and 0.5
-    per, ratio = per_term_loss(logp, old, torch.tensor([1.0, 1.0]), cfg)
+    per, _ratio = per_term_loss(logp, old, torch.tensor([1.0, 1.0]), cfg)
     assert torch.allclose(per, torch.tensor([-2.0, -0.5]))
     per.sum().backward()
     assert torch.allclose(logp.grad, torch.tensor([-2.0, -0.5]))

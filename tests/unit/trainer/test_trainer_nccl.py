@@ -7,8 +7,15 @@ import base64
 import pytest
 import torch
 
-from agrpo.services.trainer.weight_sync.nccl import (NcclProtocol, init_info, manifest, pack_chunk,
-                                               packed_chunks, parse_version, update_info)
+from agrpo.services.trainer.weight_sync.nccl import (
+    NcclProtocol,
+    init_info,
+    manifest,
+    pack_chunk,
+    packed_chunks,
+    parse_version,
+    update_info,
+)
 
 
 def test_protocol_by_version():
@@ -58,5 +65,55 @@ def test_auto_rendezvous_is_torch_only_on_every_protocol():
     auto = NcclTransport()
     assert (auto._choose(old), auto._choose(new)) == ("store", "b64")  # never imports vLLM
     assert NcclTransport(rendezvous="vllm")._choose(old) == "vllm"  # still there when asked for
-    with pytest.raises(ValueError, match="< 0.30"):
+    with pytest.raises(ValueError, match=r"< 0\.30"):
         NcclTransport(rendezvous="b64")._choose(old)
+
+
+def test_from_config_reads_every_nccl_key():
+    from agrpo.services.common.config import load_config
+    from agrpo.services.trainer.weight_sync.nccl import NcclTransport
+
+    cfg = load_config(["--trainer.nccl_buffer_mb", "3", "--trainer.nccl_rendezvous", "store",
+                       "--trainer.nccl_timeout_s", "7.5", "--trainer.nccl_master_address", "10.1.2.3"], {})
+    t = NcclTransport.from_config(cfg, torch.device("cpu"))
+    assert t.buffer_bytes == 3 * 1024 * 1024
+    assert t.rendezvous == "store" and t._choose(NcclProtocol.for_version("0.33.0")) == "store"
+    assert t.timeout == 7.5
+    assert t.master_address == "10.1.2.3"
+
+
+def test_nccl_config_defaults_are_the_transports_own():
+    from agrpo.services.common.config import load_config
+    from agrpo.services.trainer.weight_sync.nccl import DEFAULT_BUFFER_BYTES, DEFAULT_TIMEOUT_S, NcclTransport
+
+    t, plain = NcclTransport.from_config(load_config([], {}), torch.device("cpu")), NcclTransport()
+    assert (t.buffer_bytes, t.rendezvous, t.timeout, t.master_address) == \
+        (plain.buffer_bytes, plain.rendezvous, plain.timeout, plain.master_address) == \
+        (DEFAULT_BUFFER_BYTES, "auto", DEFAULT_TIMEOUT_S, None)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("nccl_buffer_mb", "0"), ("nccl_timeout_s", "0"),
+                                             ("nccl_rendezvous", "tcp")])
+def test_bad_nccl_settings_are_refused(flag, value):
+    from agrpo.services.common.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=flag):
+        load_config([f"--trainer.{flag}", value], {})
+
+
+async def test_a_step_past_nccl_timeout_s_fails_naming_the_phase():
+    """The configured timeout is the one `_together` waits: a server call that never ends fails
+    after it, as a WeightSyncError naming the phase, while the local side already finished."""
+    import asyncio
+
+    from agrpo.services.common.config import load_config
+    from agrpo.services.trainer.weight_sync.client import WeightSyncError
+    from agrpo.services.trainer.weight_sync.nccl import NcclTransport
+
+    t = NcclTransport.from_config(load_config(["--trainer.nccl_timeout_s", "0.05"], {}), torch.device("cpu"))
+
+    class Admin:
+        url = "http://server"
+
+    with pytest.raises(WeightSyncError, match=r"did not finish in 0 s \(server side still waiting\)"):
+        await asyncio.wait_for(t._together(Admin(), "update", asyncio.sleep(30), lambda: None), 5)

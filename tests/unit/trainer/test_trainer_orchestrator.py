@@ -94,7 +94,7 @@ class FakeVLLM:
             return web.json_response({"results": [{"ok": self.extension == "ok", "why": self.extension}]})
         return web.json_response({"results": [{"load_s": 0.001, "tensors": 2}]})
 
-    async def start(self) -> "FakeVLLM":
+    async def start(self) -> FakeVLLM:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.handle)
         self.runner = web.AppRunner(app)

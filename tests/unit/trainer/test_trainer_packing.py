@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from agrpo.services.trainer.packing import (FixedCountBatcher, TokenBudgetBatcher, TreeRow, iter_batches,
-                                      make_batcher)
+from agrpo.services.trainer.packing import FixedCountBatcher, TokenBudgetBatcher, TreeRow, iter_batches, make_batcher
 
 
 def test_group_shares_prompt_and_forks_one_token_early(make_sample):

@@ -24,9 +24,9 @@ def _samples(make_sample, n, bad):
 def test_warns_then_stops_after_patience(make_sample):
     health = RewardHealth(patience=2)
     warnings = health.check(_samples(make_sample, 4, 3))
-    assert warnings == ["reward function 'mine' failed or returned None for 3/4 samples; "
-                        "last error: ZeroDivisionError: division by zero"]
-    with pytest.raises(StartupError, match="2 consecutive steps.*'mine'.*ZeroDivisionError"):
+    assert warnings == [("reward function 'mine' failed or returned None for 3/4 samples; "
+                         "last error: ZeroDivisionError: division by zero")]
+    with pytest.raises(StartupError, match=r"2 consecutive steps.*'mine'.*ZeroDivisionError"):
         health.check(_samples(make_sample, 4, 4))
 
 

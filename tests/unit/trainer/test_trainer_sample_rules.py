@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 
 import pytest
-from fuzz_samples import FuzzCases, verdict
 
 from agrpo.services.trainer.buffer import SampleBuffer
 from agrpo.services.trainer.intake import Intake
 from agrpo.services.trainer.ledger import Ledger
 from agrpo.services.trainer.sample import MAX_ID_CHARS, Outcome
 from agrpo.services.trainer.servicer import sample_from_proto
+from fuzz_samples import FuzzCases, verdict
 
 VOCAB = 1024
 

@@ -12,12 +12,12 @@ import json
 
 import pytest
 import torch
-from agrpo_vllm_plugin.ipc import OpenBuffer, rebuild_args, views
 from test_trainer_orchestrator import FakeVLLM
 
 from agrpo.services.trainer.weight_sync import WeightSyncer, ipc
 from agrpo.services.trainer.weight_sync.nccl import NcclTransport, manifest
 from agrpo.services.trainer.weight_sync.transports import Prepared
+from agrpo_vllm_plugin.ipc import OpenBuffer, rebuild_args, views
 
 NAMED = [("embed.weight", torch.randn(5, 3, dtype=torch.bfloat16)),
          ("norm.weight", torch.randn(7)),

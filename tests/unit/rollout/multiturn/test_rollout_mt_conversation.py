@@ -2,9 +2,9 @@
 
 import json
 
-import mt_tools
 import pytest
 
+import mt_tools
 from agrpo.services.rollout.multiturn.conversation import TurnLimits, run_conversation
 from agrpo.services.rollout.multiturn.tools import load_tools, tool_schema
 from agrpo.services.rollout.vllm_client import Completion
@@ -75,7 +75,7 @@ async def test_budget_is_over_the_whole_conversation(tok):
 
 
 async def test_max_iters_zero_leaves_the_call_unexecuted(tok):
-    res, calls = await run(tok, [CALL, "never"], max_iters=0)
+    res, _calls = await run(tok, [CALL, "never"], max_iters=0)
     assert res.turns == 1 and res.tool_calls == 0 and res.loop_exhausted
     assert len(res.rows) == 1
 
@@ -94,5 +94,5 @@ async def test_failures_and_async_tools(tok):
 
 
 async def test_context_limit_caps_a_turn(tok):
-    res, calls = await run(tok, [CALL, "The answer"], max_model_len=10_000, budget=10_000)
+    _res, calls = await run(tok, [CALL, "The answer"], max_model_len=10_000, budget=10_000)
     assert all(mt <= 10_000 - len(p) for p, mt in calls)

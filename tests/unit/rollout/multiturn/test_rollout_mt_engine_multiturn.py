@@ -4,7 +4,6 @@ for scorer and sender: env reward merged into the total, tool metrics, rows -> s
 import asyncio
 
 import pytest
-from rollout_fakes import FakeSender
 
 from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.rollout.data import Prompt, PromptSet
@@ -13,6 +12,7 @@ from agrpo.services.rollout.metrics import RolloutMetrics
 from agrpo.services.rollout.schedule import PromptScheduler
 from agrpo.services.rollout.scoring import GroupScores
 from agrpo.services.rollout.vllm_client import Completion
+from rollout_fakes import FakeSender
 
 CALL = '<tool_call>\n{"name": "increment", "arguments": {"by": 3}}\n</tool_call>'
 
@@ -72,7 +72,7 @@ async def run_engine(tok, **over):
 
 
 async def test_environment_alone_gives_the_reward_without_reward_funcs(tok):
-    eng, sender, scorer, _ = await run_engine(tok, reward_funcs=[])
+    _eng, sender, scorer, _ = await run_engine(tok, reward_funcs=[])
     assert scorer.requests == []                            # no reward service call
     s = sender.groups[0][2][0]
     assert s.reward == 3.0 and s.reward_components["CounterEnv"] == 3.0
@@ -80,7 +80,7 @@ async def test_environment_alone_gives_the_reward_without_reward_funcs(tok):
 
 async def test_engine_runs_conversations_and_merges_env_reward(tok):
     eng, sender, scorer, bal = await run_engine(tok)
-    key, version, samples = sender.groups[0]
+    _key, version, samples = sender.groups[0]
     assert version == 3 and len(samples) == 2           # tagged by the spans' version
     s = samples[0]
     assert s.reward == pytest.approx(1.0 + 3.0)          # reward service + CounterEnv.get_reward

@@ -3,12 +3,11 @@ environments: probing, pooling, per-row choice, reset text, rewards."""
 
 import json
 
-import mt_tools
 import pytest
 
+import mt_tools
 from agrpo.services.rollout.multiturn import environments as envs
-from agrpo.services.rollout.multiturn.tools import (ToolCall, execute, load_callable, load_tools,
-                                              parse_tool_text)
+from agrpo.services.rollout.multiturn.tools import ToolCall, execute, load_callable, load_tools, parse_tool_text
 
 
 def test_load_tools_and_schema():
