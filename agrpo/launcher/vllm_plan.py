@@ -94,9 +94,8 @@ def settings_for(cfg, port: int, gpu: bool | None = None) -> VllmSettings:
 
 SHORT_JOB_TOKEN_STEPS = 4000
 """launcher.generation auto on one GPU: the trainer generates when max_steps x
-max_completion_length is at most this. Where a cold vLLM start (about 100 s, against 17 s for the
-trainer alone) is not repaid by its faster generation (about 0.02 s a completion token a step
-at the 0.5B shape: 0.49 s against 0.99 s a step for 24 tokens; docs/vs-trl.md)."""
+max_completion_length is at most this: below it a cold vLLM start is not repaid by its faster
+generation (docs/vs-trl.md, "Results on one H200")."""
 
 
 def short_job(cfg) -> bool:

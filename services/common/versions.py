@@ -20,6 +20,17 @@ def oldest_version(versions: Iterable[int | None], fallback: int) -> int:
     return min(known) if known else fallback
 
 
+def sample_versions(policy_version: int, span_versions: Iterable[int]) -> set[int]:
+    """Every version a sample names: the one it states and each span's (all must be on the lineage)."""
+    return {policy_version, *span_versions}
+
+
+def sample_version(policy_version: int, span_versions: Iterable[int]) -> int:
+    """A sample's version, the one staleness is judged by: the oldest it names. The producer
+    may state an older one than its spans' (its group's oldest), never a newer one."""
+    return min(sample_versions(policy_version, span_versions))
+
+
 def label_to_version(label: str | None, fallback: int | None = None) -> int | None:
     """A vLLM weight label as a policy version: "default" is 0, "7" is 7, anything else
     (no label, a foreign label) is `fallback`."""

@@ -2,8 +2,8 @@
 
 Why a subprocess: vLLM lives in its own venv (its pins clash with the project's),
 and it spawns EngineCore/worker children, so we run it in its own process group
-and tear the whole group down by PID. Start-up takes ~20-30 s on 2 CPU cores, so
-tests share one server per session (see ``tests/conftest.py``).
+and tear the whole group down by PID. Start-up takes tens of seconds on a CPU
+(docs/architecture.md, "Who generates"), so tests share one server per session (see ``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ class GpuProfile:
     gpu_memory_utilization: float = 0.25
     kv_cache_gib: float | None = 2.0
     """KV cache size; None: what gpu_memory_utilization leaves. Why a cap: clearing the prefix
-    cache (every weight sync) walks every KV block in Python, ~55 ns each; a tiny model in
-    a quarter of an H200 has 2.3 M blocks, 125 ms per sync (docs/gpu.md)."""
+    cache (every weight sync) walks every KV block in Python, and a tiny model in a share of
+    an H200 gets millions of blocks (docs/gpu.md, "Full loop on two GPUs", found on the device)."""
     max_model_len: int = 512
     attention_backend: str | None = "FLASH_ATTN"
     worker_extension: str | None = WORKER_EXTENSION
@@ -136,7 +136,7 @@ class VLLMServer:
     # from (after temperature), which is what GRPO importance ratios need.
     BASE_ARGS = (
         "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
-        "--enforce-eager",  # skip torch.compile: ~25 s instead of ~60 s start-up
+        "--enforce-eager",  # skip torch.compile: a much shorter start-up (docs/measurements/README.md)
         "--enable-scale-out",  # enables /inference/v1/generate (per-token weight_versions)
         "--weight-transfer-config", '{"backend":"cpu_http"}',  # our plugin (vllm_plugin/)
         # Our worker extension: on CPU it only answers (and refuses a direct load).
@@ -157,7 +157,8 @@ class VLLMServer:
         """CPU only: the cores vLLM runs on (taskset) and binds its model threads to."""
         self.front_cpus = front_cpus
         """CPU only: where the API server (the HTTP front) moves once the engine has started
-        on `cpus`. On 2 cores its request handling took a third of vLLM's core from the model."""
+        on `cpus`. On 2 cores its request handling otherwise takes the model's core
+        (docs/measurements/async-measurements.md, "Where vLLM's core went")."""
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.workdir = Path(tempfile.mkdtemp(prefix="agrpo-vllm-"))
         self.log_path = Path(log_path) if log_path else self.workdir / "server.log"
@@ -211,8 +212,8 @@ class VLLMServer:
 
     def _warm_up(self) -> None:
         """One tiny request down the path rollout uses (token ids in, logprobs out): a fresh
-        server's first one takes 1.6 s on a CPU (0.1 s after), which would otherwise land in the
-        job's first step. Best effort: a server without that route is warmed by its first use."""
+        server's first one is many times slower than the rest (docs/measurements/README.md), and
+        would otherwise land in the job's first step. Best effort: a server without that route is warmed by its first use."""
         try:
             model = self.get_json("/v1/models", timeout=10)["data"][0]["id"]
             self.post_json("/inference/v1/generate", {

@@ -55,7 +55,7 @@ def _die_with_parent() -> None:
 def _yield_to_the_front() -> None:
     """Score at a lower CPU priority than the server's gRPC front: under overload the front
     must keep the CPU it needs to admit or refuse each call at once, or the calls queue in
-    the kernel and gRPC before anything is decided (10x load on one core: refusals took 2 s)."""
+    the kernel and gRPC before anything is decided (docs/reward-api.md, "Errors and retries")."""
     try:
         os.nice(WORKER_NICENESS)
     except OSError:

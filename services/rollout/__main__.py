@@ -2,7 +2,7 @@
 
 import sys
 
-from agrpo.cli import main
+from agrpo.services.common.entry import run_service
 
 if __name__ == "__main__":
-    sys.exit(main(["rollout", *sys.argv[1:]]))
+    sys.exit(run_service("rollout", sys.argv[1:]))

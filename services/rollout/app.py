@@ -3,7 +3,7 @@
 `setup()` handshakes every vLLM server, loads and tokenizes the dataset and opens the
 channels to the trainer and the reward service; `run_background()` starts the links and
 generates once the trainer's resume point is known. No gRPC serving here:
-services/rollout/server.py serves this app (and flips health with `on_trainer_state`).
+services/rollout/server.py serves this app (and, as its TrainerStateHook, flips health).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .metrics import RolloutMetrics
 from .schedule import PromptScheduler
 from .scoring import Scorer
 from .sender import Sender, heartbeat_request
-from .trainer_link import TrainerLiveness, heartbeat_loop, watch_policy
+from .trainer_link import TrainerLiveness, TrainerStateHook, heartbeat_loop, watch_policy
 from .vllm_client import VLLMClient
 
 log = get_logger("rollout.app")
@@ -39,13 +39,12 @@ log = get_logger("rollout.app")
 class RolloutApp:
     """The running service: what servicer, health and metrics report on."""
 
-    def __init__(self, cfg, identity: Identity | None = None) -> None:
+    def __init__(self, cfg, identity: Identity | None = None, trainer_state: TrainerStateHook | None = None) -> None:
         self.cfg = cfg
         self.identity = identity or Identity("rollout")
         self.metrics = RolloutMetrics()
         self.liveness = TrainerLiveness(cfg.heartbeat_stale_after_s)
-        self.on_trainer_state = _ignore_state
-        """async (stale: bool) -> None, called when the trainer goes silent or comes back."""
+        self.trainer_state: TrainerStateHook = trainer_state or _Unwatched()
         self.engine: Engine | None = None
         self.sender: Sender | None = None
         self.scheduler: PromptScheduler | None = None
@@ -144,8 +143,7 @@ class RolloutApp:
             asyncio.create_task(watch_policy(ch, self.identity.instance_id, self.on_policy,
                                              self.liveness, self.cfg.rollout.trainer_reconnect_s)),
             asyncio.create_task(heartbeat_loop(ch, self.heartbeat, self.liveness,
-                                               self.cfg.rollout.heartbeat_interval_s,
-                                               lambda stale: self.on_trainer_state(stale))),
+                                               self.cfg.rollout.heartbeat_interval_s, self.trainer_state)),
             asyncio.create_task(self._run_engine()),
             asyncio.create_task(self._gauges()),
         ]
@@ -275,8 +273,11 @@ class RolloutApp:
                 "generation_s": e.idle.total_s}
 
 
-async def _ignore_state(stale: bool) -> None:
-    return None
+class _Unwatched:
+    """A TrainerStateHook for an app that nothing serves (tests): the change is only logged."""
+
+    async def on_trainer_state(self, stale: bool) -> None:
+        return None
 
 
 def in_daemon_thread(fn, *args) -> asyncio.Future:

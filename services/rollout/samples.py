@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agrpo.services.common.identity import now_timestamp
+from agrpo.services.common.versions import sample_version
 from agrpo.v1 import common_pb2
 
 from .advantage import group_advantages, group_stats
@@ -48,6 +49,7 @@ class Row:
     spans: list[tuple[int, int, int]]
     """(policy_version, start, end) runs of generated tokens, in row coordinates."""
     policy_version: int
+    """What the strategy states (e.g. its group's oldest); the sample's is `sample_version` of it and the spans."""
     tok_per_s: float
     metrics: dict[str, float] = field(default_factory=dict)
     fork: int = 0
@@ -67,7 +69,7 @@ def build_samples(group, prompt, rows: list[Row], scored: ScoredGroup, texts: li
                    **{f"rewards/{name}": v for name, v in components.items()}}
         out.append(common_pb2.RolloutSample(
             sample_id=group.request_id(i) + (f"-f{row.fork}" if row.fork else ""), group_id=group.group_id,
-            prompt_key=key, policy_version=row.policy_version,
+            prompt_key=key, policy_version=sample_version(row.policy_version, (v for v, _, _ in row.spans)),
             version_spans=[common_pb2.VersionSpan(policy_version=v, start=s, end=e) for v, s, e in row.spans],
             input_ids=row.input_ids, completion_mask=row.completion_mask, behavior_logprobs=row.logprobs,
             prompt_length=row.prompt_length, advantage=scored.advantages[i], reward=scored.rewards[i],

@@ -24,7 +24,7 @@ import grpc
 from agrpo.services.common.identity import now_timestamp
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.timeouts import RECONNECT_MAX_S
-from agrpo.services.common.versions import Lineage, lineage_from_proto
+from agrpo.services.common.versions import Lineage, lineage_from_proto, sample_versions
 from agrpo.v1 import common_pb2
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
@@ -113,7 +113,8 @@ class Sender:
     def add_group(self, key: tuple[int, int], version: int, samples: list) -> None:
         """Queue a scored group for sending."""
         gid = samples[0].group_id
-        versions = {v for s in samples for v in (s.policy_version, *(sp.policy_version for sp in s.version_spans))}
+        versions = set().union(*(sample_versions(s.policy_version, (sp.policy_version for sp in s.version_spans))
+                                 for s in samples))
         self.groups[gid] = _Group(key, version, [s.sample_id for s in samples], versions)
         for s in samples:
             self.samples[s.sample_id] = s

@@ -1,6 +1,6 @@
 """`agrpo rollout`: generate with vLLM, score with the reward service, stream to the trainer.
 
-Run:  agrpo rollout --config run.yaml   (or: python -m agrpo.cli rollout ...)
+Run:  agrpo rollout --config run.yaml   (or: python -m agrpo.services.rollout ...)
 Serves RolloutService (Heartbeat, GetStatus), grpc.health.v1 and reflection on
 `rollout.port`, and Prometheus `agrpo_rollout_*` on `rollout.metrics_port`.
 In-process (tests): `svc = await build(cfg); await svc.start(); ...; await svc.stop()`.
@@ -29,12 +29,11 @@ class RolloutService:
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
-        self.app = RolloutApp(cfg)
+        self.app = RolloutApp(cfg, trainer_state=self)  # called only once started, when grpc_server exists
         servicer = RolloutServicer(self.app)
         self.grpc_server = GrpcServer(cfg.rollout, [SERVICE],
                                       lambda s: rollout_grpc.add_RolloutServiceServicer_to_server(servicer, s),
                                       tls=cfg.tls if cfg.tls.enabled else None, auth=cfg.auth)
-        self.app.on_trainer_state = self._on_trainer_state
         self.port: int | None = None
         self.metrics_port: int | None = None
 
@@ -48,8 +47,8 @@ class RolloutService:
         await self.grpc_server.set_serving(True)
         return self.port
 
-    async def _on_trainer_state(self, stale: bool) -> None:
-        """A silent trainer makes RolloutService NOT_SERVING (the server itself stays up)."""
+    async def on_trainer_state(self, stale: bool) -> None:
+        """TrainerStateHook: a silent trainer makes RolloutService NOT_SERVING (the server stays up)."""
         from grpc_health.v1 import health_pb2
 
         status = (health_pb2.HealthCheckResponse.NOT_SERVING if stale

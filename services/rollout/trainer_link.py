@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Protocol, runtime_checkable
 
 import grpc
 
@@ -17,6 +18,14 @@ from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 
 log = get_logger("rollout.trainer_link")
+
+
+@runtime_checkable
+class TrainerStateHook(Protocol):
+    """Who is told that the trainer went silent or came back (RolloutService: its health)."""
+
+    async def on_trainer_state(self, stale: bool) -> None:
+        """stale: silent for longer than heartbeat_stale_after_s; False: heard from again."""
 
 
 class TrainerLiveness:
@@ -57,8 +66,8 @@ async def watch_policy(channel: grpc.aio.Channel, watcher_id: str, on_policy, li
 
 
 async def heartbeat_loop(channel: grpc.aio.Channel, make_request, liveness: TrainerLiveness,
-                         interval_s: float, on_state) -> None:
-    """Ping the trainer every interval; call `on_state(stale: bool)` on every change."""
+                         interval_s: float, hook: TrainerStateHook) -> None:
+    """Ping the trainer every interval; tell `hook` of every change of its staleness."""
     stub = trainer_grpc.TrainerServiceStub(channel)
     was_stale = False
     while True:
@@ -73,5 +82,5 @@ async def heartbeat_loop(channel: grpc.aio.Channel, make_request, liveness: Trai
                 log.warning("trainer silent for %.0f s (> heartbeat_stale_after_s)", liveness.silent_s)
             else:
                 log.info("trainer heard from again")
-            await on_state(was_stale)
+            await hook.on_trainer_state(was_stale)
         await asyncio.sleep(interval_s)

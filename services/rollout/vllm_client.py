@@ -228,7 +228,7 @@ class VLLMClient:
     async def _generate_tokens(self, prompt_ids, sampling, request_id, extra: dict) -> list[Completion]:
         # Token ids in and out: vLLM's API server need not decode every token of every request
         # into text nobody reads (rollout decodes the finished completion once). That work sits on
-        # the API server's core; on the 2-core demo it was a fifth of the server's CPU.
+        # the API server's core (docs/measurements/async-measurements.md, "detokenize").
         params = {**sampling.params(), "logprobs": 0, "detokenize": False}
         data = await self._post("/inference/v1/generate", {
             "request_id": request_id, "token_ids": prompt_ids, "sampling_params": params,

@@ -16,6 +16,7 @@ from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.common.identity import Identity
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.preflight import StartupError
+from agrpo.services.common.versions import sample_versions
 
 from . import checkpoint, run_record
 from .buffer import SampleBuffer
@@ -25,6 +26,7 @@ from .metrics import TrainerMetrics
 from .pacing import Pace
 from .policy import PolicyBoard
 from .ranks import RankGroup, World
+from .sample import Sample
 from .state import TrainState
 
 log = get_logger("trainer.app")
@@ -56,8 +58,7 @@ class TrainerApp:
         self.buffer = SampleBuffer(cfg.queue_maxsize)
         self.board = PolicyBoard()
         self.metrics = TrainerMetrics()
-        self.intake = Intake(self.buffer, self.state.ledger, build_pace(cfg), self._max_tokens,
-                             self.metrics.on_intake, self._version_problem, self._vocab_size)
+        self.intake = Intake(self.buffer, self.state.ledger, build_pace(cfg), hooks=self)
         self.loop = None  # TrainerLoop, once boot() has loaded the model
         self.ready = False
 
@@ -75,12 +76,16 @@ class TrainerApp:
                 " (resume_from_checkpoint: false starts a new run instead)" if restart else "")
         return state
 
-    def _version_problem(self, sample) -> str | None:
+    # IntakeHooks
+    def on_intake(self, kind: str, sample: Sample | None) -> None:
+        self.metrics.on_intake(kind, sample)
+
+    def version_problem(self, sample: Sample) -> str | None:
         """Why a sample's versions cannot be trained here: a token of weights a restart rolled
         back (off the lineage), a version newer than the trainer's, or a span claiming a
         version no weights ever had (past the high-water mark)."""
         st = self.state
-        for v in (sample.policy_version, *(v for v, _, _ in sample.version_spans)):
+        for v in sorted(sample_versions(sample.policy_version, (v for v, _, _ in sample.version_spans))):
             if st.lineage.index(v) is None:
                 return f"off the trainer's lineage: version {v} names weights a restart rolled back"
         if st.lineage.distance(st.version, sample.policy_version) < 0:
@@ -89,12 +94,6 @@ class TrainerApp:
         if newest > self.record.max_version:
             return f"a span's version {newest} was never published (highest {self.record.max_version})"
         return None
-
-    def _max_tokens(self) -> int | None:
-        return self.loop.token_budget() if self.loop else None
-
-    def _vocab_size(self) -> int | None:
-        return self.loop.engine.model.get_input_embeddings().num_embeddings if self.loop else None
 
     async def boot(self) -> None:
         """Load the model (or the checkpoint), open the weight syncer, cold-sync every server."""
@@ -107,6 +106,7 @@ class TrainerApp:
                    else f"model={self.cfg.model!r}")
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             raise StartupError(f"{key} cannot be loaded: {first}") from exc
+        self.intake.bind_limits(self.loop)
         await self.loop.syncer.open()
         await self.loop.cold_sync()
         self.ready = True

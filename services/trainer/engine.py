@@ -81,8 +81,8 @@ class EngineConfig:
     compile_layers / compile_head: torch.compile each decoder layer (flex path) and the
     chunked-vocab logprobs (same maths, the fp32 logit passes fused). CUDA and a single
     process only: eager, the step is bound by kernel launches and memory-bound passes
-    (docs/gpu.md); under FSDP2 on one rank they compile too (1.5B-shaped on one H200:
-    45.4k tok/s against 38.3k unsharded, benchmarks/gpu_trainer_memory.py).
+    (docs/gpu.md); under FSDP2 on one rank they compile too, which is faster than unsharded
+    with fp32 master weights (docs/multi-gpu.md, "Memory for bigger models").
     device: where compute runs; None: the parameters' device (FSDP2's CPU offload keeps
     them on the CPU while compute runs on the GPU).
     """

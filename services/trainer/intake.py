@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from .buffer import SampleBuffer
 from .ledger import Ledger
@@ -28,6 +29,38 @@ from .sample import Ack, Outcome, Sample
 ALREADY_PENDING = "already buffered; TRAINED follows"
 OTHER_GROUP = "prompt already trained by another group (exactly once per epoch)"
 DOOMED_GROUP = "a row of its group cannot be trained: the group is dropped whole and its prompt re-issued"
+
+
+@runtime_checkable
+class IntakeHooks(Protocol):
+    """What the intake asks of the trainer it feeds (TrainerApp implements it)."""
+
+    def version_problem(self, sample: Sample) -> str | None:
+        """Why the sample's versions cannot be trained here (off the lineage, too new), or None."""
+
+    def on_intake(self, kind: str, sample: Sample | None) -> None:
+        """A sample was received, or refused ("duplicate", "rejected", ...): for metrics."""
+
+
+@runtime_checkable
+class ModelLimits(Protocol):
+    """The loaded model's bounds on a sample (TrainerLoop implements it)."""
+
+    def token_budget(self) -> int | None:
+        """The most tokens a sample may have (None: no bound yet)."""
+
+    def vocab_size(self) -> int | None:
+        """The size of the model's vocabulary: every token id must index it."""
+
+
+class AdmitAll:
+    """IntakeHooks that find no problem and count nothing (tests, tools)."""
+
+    def version_problem(self, sample: Sample) -> str | None:
+        return None
+
+    def on_intake(self, kind: str, sample: Sample | None) -> None:
+        return None
 
 
 @dataclass
@@ -64,20 +97,21 @@ class Intake:
     """Admits samples into the buffer and routes acks and credits (event-loop only)."""
 
     def __init__(self, buffer: SampleBuffer, ledger: Ledger, pace: Pace | None = None,
-                 max_tokens: Callable[[], int | None] = lambda: None,
-                 on_event: Callable[[str, Sample | None], None] = lambda kind, s: None,
-                 version_problem: Callable[[Sample], str | None] = lambda s: None,
-                 vocab_size: Callable[[], int | None] = lambda: None) -> None:
+                 hooks: IntakeHooks | None = None) -> None:
         self.buffer, self.ledger = buffer, ledger
         self.pace = pace or Pace(max_staleness=0, nominal_per_version=buffer.capacity, capacity=buffer.capacity)
-        self.max_tokens = max_tokens
-        self.vocab_size = vocab_size  # the model's, once loaded: token ids must index it
-        self.version_problem = version_problem  # off the lineage or newer than the trainer: refuse
-        self.on_event = on_event  # metrics hook: ("received"|"duplicate"|"rejected"|..., sample)
+        self.hooks: IntakeHooks = hooks or AdmitAll()
+        self.limits: ModelLimits | None = None  # bind_limits(), once the model is loaded
         self.stats = IntakeStats()
         self.streams: dict[str, ProducerStream] = {}
         self.pending: set[str] = set()  # accepted, not yet settled (buffered or in a batch)
         self.done = False
+
+    def bind_limits(self, limits: ModelLimits) -> None:
+        """Late, by design: the intake is built with the gRPC server, the model only in
+        TrainerApp.boot(). Until then PushSamples is refused (the servicer checks `ready`),
+        so no sample is judged without the model's limits."""
+        self.limits = limits
 
     def open(self, producer_id: str, prompts_per_epoch: int) -> ProducerStream:
         """A new stream replaces the producer's previous one; grant free slots."""
@@ -119,7 +153,7 @@ class Intake:
         """Admit one sample: ACCEPTED, DUPLICATE (credit back) or REJECTED (credit back)."""
         stream.outstanding = max(0, stream.outstanding - 1)
         self.stats.received += 1
-        self.on_event("received", sample)
+        self.hooks.on_intake("received", sample)
         sample.producer_id = sample.producer_id or stream.producer_id
         outcome, reason = self._judge(sample)
         resend = reason == ALREADY_PENDING
@@ -137,7 +171,7 @@ class Intake:
             kind = {Outcome.DUPLICATE: "duplicate", Outcome.REJECTED: "rejected",
                     Outcome.DROPPED_STALE: "off_lineage"}.get(outcome, "resent_pending")
             self.stats.drops[kind] += 1
-            self.on_event(kind, sample)
+            self.hooks.on_intake(kind, sample)
             credits = 0 if self.done else 1
             stream.outstanding += credits
         stream.send(Outbound(acks=[ack], credits=credits))
@@ -156,7 +190,7 @@ class Intake:
 
     def _judge(self, sample: Sample) -> tuple[Outcome, str]:
         # Malformed first: a broken copy of a known id is refused, not taken for a re-send.
-        problem = sample.validate(self.vocab_size())
+        problem = sample.validate(self.limits.vocab_size() if self.limits else None)
         if problem:
             return Outcome.REJECTED, problem
         if self.ledger.is_trained(sample.sample_id):
@@ -167,10 +201,10 @@ class Intake:
             # Not final yet: the producer must keep it until TRAINED, which will reach
             # its current stream. So ACCEPTED again (credit back), not DUPLICATE.
             return Outcome.ACCEPTED, ALREADY_PENDING
-        problem = self.version_problem(sample)
+        problem = self.hooks.version_problem(sample)
         if problem:
             return Outcome.DROPPED_STALE, problem
-        limit = self.max_tokens()
+        limit = self.limits.token_budget() if self.limits else None
         if limit and len(sample) > limit:
             return Outcome.REJECTED, f"oversize: {len(sample)} tokens > {limit}"
         return Outcome.ACCEPTED, ""

@@ -74,7 +74,12 @@ class TrainerLoop:
         return self.gatherer.drops
 
     def token_budget(self) -> int | None:
+        """The most tokens a sample may have (ModelLimits, for the intake)."""
         return self.gatherer.token_budget()
+
+    def vocab_size(self) -> int | None:
+        """The model's vocabulary size (ModelLimits): every token id must index it."""
+        return self.engine.model.get_input_embeddings().num_embeddings
 
     async def cold_sync(self) -> None:
         """Every server gets the starting weights; then the planner knows their max_model_len."""

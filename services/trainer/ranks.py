@@ -72,8 +72,11 @@ def run_ranks(n: int) -> None:
     nodes = int(os.environ.get("PET_NNODES", "1") or "1")
     log.info("starting %d trainer ranks under torchrun (node %s of %d)", n, os.environ.get("PET_NODE_RANK", "0"), nodes)
     where = [] if nodes > 1 else ["--standalone"]
+    args = sys.argv[1:]
+    if args[:1] == ["trainer"]:  # started as `agrpo trainer ...` rather than `python -m agrpo.services.trainer`
+        args = args[1:]
     argv = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc_per_node", str(n),
-            "-m", "agrpo.cli", *sys.argv[1:]]
+            "-m", "agrpo.services.trainer", *args]
     os.execv(sys.executable, argv)
 
 

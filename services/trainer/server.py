@@ -34,7 +34,7 @@ GIL_SLICE_S = 0.0005
 """CPython's GIL switch interval in the serving rank (default 5 ms). The optimizer step runs in a
 worker thread while the event loop takes samples, grants credits and pushes the last version into
 vLLM; a step of many small ops holds the GIL in whole slices, so each hop of that push waited up to
-one. At 0.5 ms the async demo's step took 0.14-0.16 s against 0.14-0.18 (4 seeds side by side)."""
+one (measured: docs/measurements/async-measurements.md, the GIL switch interval)."""
 
 
 class TrainerService:

@@ -15,7 +15,7 @@ from agrpo.services.common import weight_transports
 from agrpo.services.common.errors import InvalidArgument, Unavailable, grpc_errors
 from agrpo.services.common.identity import Identity, now_timestamp
 from agrpo.services.common.logging import get_logger
-from agrpo.services.common.versions import lineage_to_proto, oldest_version
+from agrpo.services.common.versions import lineage_to_proto, sample_version
 from agrpo.v1 import common_pb2
 from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
@@ -35,7 +35,7 @@ def sample_from_proto(msg: common_pb2.RolloutSample) -> Sample:
     """Staleness is judged by the oldest version that produced a token (spans included); a
     policy_version newer than that is kept as `sent_version` (Sample.validate refuses it)."""
     spans = [(sp.policy_version, sp.start, sp.end) for sp in msg.version_spans]
-    oldest = oldest_version([msg.policy_version, *(v for v, _, _ in spans)], msg.policy_version)
+    oldest = sample_version(msg.policy_version, (v for v, _, _ in spans))
     return Sample(
         sample_id=msg.sample_id, group_id=msg.group_id or msg.sample_id,
         prompt_key=(msg.prompt_key.dataset_index, msg.prompt_key.epoch),

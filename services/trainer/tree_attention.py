@@ -15,8 +15,8 @@ path, the unpacked path, and gradient checkpointing's recomputes of either.
 
 GQA: K/V are repeated up to the query heads before flex instead of passing
 enable_gqa. flex's backward kernel parallelises over KV heads and loops over the query
-heads of a group, so with Qwen2's 2 KV heads it ran 1.5-1.7 ms per layer and row on
-an H200 (a quarter of the step's GPU time); the repeat costs two small copies.
+heads of a group, so Qwen2's 2 KV heads underfill the GPU (docs/gpu.md, section 3, "Levers":
+the K/V-repeat row); the repeat costs two small copies.
 
 Compile (CUDA only; eager flex is an unfused reference that materialises the scores):
 outside a compiled region flex_attention is compiled once per process with automatic

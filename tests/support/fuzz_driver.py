@@ -255,8 +255,7 @@ async def fuzz_targets(trainer_cfg, rollout_cfg):
     rollout = await start_rollout_rpcs(rollout_cfg)
     try:
         loop = svc.app.loop
-        vocab = loop.engine.model.get_input_embeddings().num_embeddings
-        yield svc, rollout, functools.partial(FuzzCases, vocab_size=vocab, max_tokens=loop.token_budget())
+        yield svc, rollout, functools.partial(FuzzCases, vocab_size=loop.vocab_size(), max_tokens=loop.token_budget())
     finally:
         await rollout.stop()
         await svc.stop()

@@ -1,10 +1,11 @@
-"""Helpers for trainer integration tests: config factory, a PushSamples client over a
-real socket, HF-side greedy decoding, restoring the shared vLLM server's weights."""
+"""Helpers for trainer tests: config factory, a PushSamples client over a real socket,
+HF-side greedy decoding, restoring the shared vLLM server's weights, fixed model limits."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import dataclass
 
 from agrpo.services.common.config import AgrpoConfig
 
@@ -138,3 +139,17 @@ def restore_server(server, model_dir) -> None:
                        ("/finish_weight_update", {"weight_version": "default"}),
                        ("/reset_prefix_cache", None), ("/resume", None)):
         server.post_json(path, body)
+
+
+@dataclass
+class Limits:
+    """ModelLimits (services/trainer/intake.py) of a model that is not loaded: fixed numbers."""
+
+    tokens: int | None = None
+    vocab: int | None = None
+
+    def token_budget(self) -> int | None:
+        return self.tokens
+
+    def vocab_size(self) -> int | None:
+        return self.vocab

@@ -4,9 +4,9 @@ Why: after loading, vLLM's CPU linear layers pack their weight for a GEMM kernel
 handle, sgl or zentorch) and drop the unpacked tensor, so an update must load into fresh
 tensors and pack again. vLLM's layerwise reload does that for any model: it rebuilds every
 layer on the meta device, wraps every weight loader, counts each copy under a dispatch mode and
-copies the results back. For the CPU demo's 2.2 MB model a load took 11.6 ms that way and 6.5
-ms this way (in one process, median of 25; the packing itself is 3.7 ms of it); in the async demo
-the load phase, while vLLM's generation stands still, fell from 20 to 10 ms.
+copies the results back, mostly Python bookkeeping; for a small model that costs more than the
+packing itself, while vLLM's generation stands still (docs/measurements/async-measurements.md,
+"The kept reload").
 
 Here the unpacked tensors are kept between updates (one more copy of the linear weights), the
 model's own loaders write into them, and each layer whose tensors changed is packed again by its

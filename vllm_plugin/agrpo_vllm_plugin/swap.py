@@ -2,8 +2,8 @@
 
 Why: vLLM's RL flow is one HTTP call per phase (pause, start, update, finish, label, reset,
 resume), and generation stays paused across all of those round trips. In an async run on a
-busy host each round trip waits for the API server to be scheduled: on the 2-core CPU demo the
-pause lasted ~45 ms of a ~180 ms step. Here the engine core runs the whole sequence itself,
+busy host each round trip waits for the API server to be scheduled, and on the 2-core CPU demo
+the pause took a fifth of an async step (docs/measurements/async-measurements.md). Here the engine core runs the whole sequence itself,
 between two scheduler steps: pause(keep) -> once idle, the worker calls the trainer listed
 (e.g. start_weight_update, update_weights, finish_weight_update) -> reset the prefix cache
 (preempting running requests, recomputed under the new weights; or kept, with the cache, when
@@ -122,9 +122,9 @@ def load(engine, spec: dict, drain_s: float) -> dict:
 def wake(engine) -> None:
     """Make the engine's busy loop look for work again after a resume from inside its idle
     callback. The loop runs that callback just before it blocks on its input queue, so without
-    a wake-up the resumed requests waited for the next request or abort to arrive: up to 4 s
-    in the async CPU demo with one request per group, where nothing new arrives until a group
-    finishes. (When the pause completes at once, the swap runs as a utility call and the loop
+    a wake-up the resumed requests wait for the next request or abort to arrive: seconds in the
+    async CPU demo with one request per group, where nothing new arrives until a group finishes
+    (docs/measurements/async-measurements.md, "One request per group"). (When the pause completes at once, the swap runs as a utility call and the loop
     re-checks by itself; the extra wake-up is then a no-op.)"""
     queue = getattr(engine, "input_queue", None)  # an in-process engine has no loop to wake
     if queue is None:

@@ -3,8 +3,8 @@
 Why: vLLM's RL flow loads an update between ``start_weight_update`` and
 ``finish_weight_update``, which wrap every layer's weight loader (layerwise reload)
 so quantized or repacked layers are re-processed once all their tensors arrived.
-On an H200 that machinery costs ~80-120 ms for a Qwen2's ~300 tensors whatever the
-model size, 10-50x the NCCL transfer itself (docs/gpu.md). For an unquantized model
+That machinery costs a fixed amount per tensor whatever the model size, on an H200 many times
+the NCCL transfer itself (docs/gpu.md, "How vLLM loads an update"). For an unquantized model
 on CUDA the tensors ``model.load_weights`` writes *are* the ones the forward reads,
 so loading them directly is exact and skips that cost.
 

@@ -207,7 +207,7 @@ class GRPOArgs(BaseModel):
     cast_lm_head_to_fp32: bool = False
     """Compute the trainer's logprobs with an fp32 LM head (less trainer/vLLM mismatch) when the
     weights are bf16 (`dtype: bfloat16`). With fp32 weights (the default) the head already runs
-    in fp32 under bf16 autocast, and this changes nothing (measured on an H200, docs/gpu.md)."""
+    in fp32 under bf16 autocast, and this changes nothing (docs/gpu.md, Trainer/vLLM mismatch)."""
 
     # agrpo extensions
     vllm_server_base_urls: list[str] | None = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
+from agrpo.services.common import weight_transports
+
 from .grpo import GRPOArgs
 from .sections import (
     COMPILE_MIN_STEPS,
@@ -85,12 +87,31 @@ class AgrpoConfig(GRPOArgs):
         if self.trainer.weight_transport == "local" and (len(self.vllm_urls) != 1 or self.trainer.num_processes > 1):
             raise ValueError("trainer.weight_transport=local: the trainer serves generation itself at the one "
                              "vllm_server_base_url, from one trainer process (trainer.num_processes 1)")
+        self._sync_keys_the_transport_reads()
         if self.use_liger_kernel:
             raise ValueError("use_liger_kernel: not supported (as in TRL's async trainer)")
         if self.lr_scheduler_type not in ("constant", "constant_with_warmup") and self.max_steps <= 0:
             raise ValueError(f"lr_scheduler_type: {self.lr_scheduler_type!r} decays over max_steps, "
                              "so it needs max_steps > 0")
         return self
+
+    def _sync_keys_the_transport_reads(self) -> None:
+        """A weight-sync key set (file, environment or flag) to other than its default, with a
+        transport named that does not read it (services/common/weight_transports.py), is an
+        error: it would do nothing. With weight_transport auto the transport is picked at run
+        time, so nothing is refused."""
+        t = self.trainer
+        if t.weight_transport == "auto":
+            return
+        reads = weight_transports.reads(t.weight_transport)
+        what = f"it reads: {', '.join(reads)}" if reads else "it reads none of the weight-sync keys"
+        for key in weight_transports.SYNC_KEYS:
+            value = getattr(t, key)
+            if key in t.model_fields_set and key not in reads and \
+                    value != type(t).model_fields[key].get_default(call_default_factory=True):
+                shown = str(value).lower() if isinstance(value, bool) else value
+                raise ValueError(f"trainer.{key}={shown} does nothing with trainer.weight_transport="
+                                 f"{t.weight_transport} ({what})")
 
     @property
     def compiles(self) -> bool:

@@ -164,8 +164,8 @@ class RolloutSection(ServiceSection):
 
 
 COMPILE_MIN_STEPS = 500
-"""trainer.compile auto: compile when a run has at least this many steps (compiles of about
-20-35 s against 0.05-0.1 s saved a step at the 0.5B-1.5B shapes)."""
+"""trainer.compile auto: compile when a run has at least this many steps, about where the
+faster steps repay the compiles at the 0.5B-1.5B shapes (docs/vs-trl.md, Results on one H200)."""
 
 
 class TrainerSection(ServiceSection):
@@ -195,8 +195,9 @@ class TrainerSection(ServiceSection):
     cpu_reload: Literal["auto", "layerwise"] = "auto"
     """How a CPU vLLM packs its layers again after an http or shared_path update (our plugin's
     cpu_http engine). auto: from unpacked weights it keeps between updates, for unquantized
-    models (the same packed weights, in 6.5 ms instead of 11.6 for the demo's model; one more
-    copy of the linear weights in vLLM's memory); layerwise: vLLM's own reload, any model."""
+    models (the same packed weights, about half the time; one more copy of the linear weights
+    in vLLM's memory: docs/measurements/async-measurements.md, "The kept reload"); layerwise:
+    vLLM's own reload, any model."""
     shared_weights_dir: Path | None = None
     """Folder vLLM can read, for the shared_path transport."""
     metrics_jsonl: Path | None = None
@@ -274,10 +275,9 @@ class TrainerSection(ServiceSection):
     in-flight update); their later tokens come from the new weights, and the per-token version
     spans say so. vLLM cannot drop the prefix cache while they hold it, so rollout salts each
     prompt's cache with its dispatch version: no request reuses KV of other weights. Pacing does
-    not count on it yet: at max_staleness 1 one demo run in three dropped 4.4% of its samples as
-    stale. The CPU demo turns it off: with one request per group (max_staleness 2, 9 seeds side by
-    side) async reached a good reward in 0.64x of sync's time, against 0.75x with it on
-    (docs/architecture.md, Pacing)."""
+    not count on it yet (at max_staleness 1 some samples go stale). The CPU demo turns it off:
+    with one request per group async reached a good reward sooner without the recompute
+    (docs/architecture.md, Pacing; the runs: docs/measurements/async-measurements.md)."""
     peak_tflops: float | None = Field(None, gt=0)
     """Accelerator peak TFLOP/s (bf16 dense: 989 on an H200) for perf/mfu and perf/hfu; None: not
     logged."""
@@ -286,8 +286,8 @@ class TrainerSection(ServiceSection):
     sample; same loss). auto: tree on GPU (flex_attention with the tree's block mask), unpacked on
     CPU, where the dense tree mask costs more than the shared prompt saves."""
     compile: bool | None = None
-    """On one GPU, torch.compile the decoder layers and the logprob head: 1.6-2.3x faster steps
-    for 20-35 s of compiles in the first steps (docs/gpu.md). False: eager modules (the tree's
+    """On one GPU, torch.compile the decoder layers and the logprob head: faster steps for tens
+    of seconds of compiles in the first steps (docs/gpu.md). False: eager modules (the tree's
     flex attention stays compiled). None (auto): compile for a run of at least COMPILE_MIN_STEPS
     steps (or one sized in epochs), where the faster steps repay the compiles; a shorter run
     is over sooner eager (docs/vs-trl.md)."""

@@ -81,7 +81,8 @@ def _filter(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 def sample(logprobs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row from its distribution, by inverting its CDF: one random number a row
-    (torch.multinomial draws one per vocabulary entry, ten times slower at a 49k vocabulary)."""
+    (torch.multinomial draws one per vocabulary entry, far slower at a large vocabulary:
+    docs/vs-trl.md, "Where the time went")."""
     cdf = logprobs.exp().cumsum(dim=-1)
     u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=cdf.dtype).to(cdf.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=cdf.shape[1] - 1)

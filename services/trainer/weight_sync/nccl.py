@@ -264,7 +264,7 @@ class NcclTransport(WeightTransport):
             raise ValueError("this vLLM (< 0.30) does not accept nccl_unique_id_b64")
         if self.rendezvous != "auto":
             return self.rendezvous
-        # Torch only on both protocols: no 5-6 s vLLM import, and on 2x H200 the store
+        # Torch only on both protocols: no vLLM import (seconds), and on 2x H200 the store
         # path was bit-exact and as fast as vLLM's own objects (docs/gpu.md).
         return "b64" if proto.unique_id_b64 else "store"
 

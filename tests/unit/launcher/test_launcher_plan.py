@@ -144,3 +144,23 @@ def test_a_vllm_that_answers_is_used(monkeypatch):
     monkeypatch.setattr(vllm_plan, "gpu_count", lambda: 1)
     monkeypatch.setattr(vllm_plan, "answers", lambda url, timeout_s=2.0: True)
     assert not vllm_plan.trainer_generates(AgrpoConfig(max_steps=80, max_completion_length=24))
+
+
+def test_a_transport_the_launcher_chose_puts_back_what_it_does_not_read(tmp_path):
+    """weight_transport auto, and the job picks local: keys meant for vLLM's transports go back
+    to their defaults (they would do nothing), so the trainer starts; a named transport stays strict."""
+    from agrpo.launcher.job import unread_sync_keys_reset
+    from agrpo.services.common.config import ConfigError, load_config
+
+    config = tmp_path / "job.yaml"
+    config.write_text("trainer:\n  weight_load: vllm\n  recompute_in_flight: false\n  http_chunk_mb: 8\n")
+    argv = ["--config", str(config)]
+    env = unread_sync_keys_reset(load_config(argv, {}), "local")
+    assert sorted(env) == ["AGRPO_TRAINER__HTTP_CHUNK_MB", "AGRPO_TRAINER__RECOMPUTE_IN_FLIGHT",
+                           "AGRPO_TRAINER__WEIGHT_LOAD"]
+    with pytest.raises(ConfigError, match=r"does nothing with trainer\.weight_transport=local"):
+        load_config(argv, {"AGRPO_TRAINER__WEIGHT_TRANSPORT": "local"})
+    started = load_config(argv, {"AGRPO_TRAINER__WEIGHT_TRANSPORT": "local", **env})
+    assert started.trainer.weight_transport == "local"
+    assert unread_sync_keys_reset(started, "local") == {}  # every unread key is at its default again
+    assert unread_sync_keys_reset(load_config(argv, {}), "http") == {}  # http reads all three

@@ -6,9 +6,10 @@ import pytest
 
 from agrpo.services.common.versions import Lineage
 from agrpo.services.trainer.buffer import SampleBuffer
-from agrpo.services.trainer.intake import Intake
+from agrpo.services.trainer.intake import AdmitAll, Intake
 from agrpo.services.trainer.ledger import Ledger
 from agrpo.services.trainer.sample import Outcome
+from trainer_helpers import Limits
 
 is_stale = Lineage().stale  # the rule the trainer uses, on a lineage without restarts
 
@@ -89,7 +90,8 @@ def _drain(stream):
 
 async def test_intake_credits_dedupe_and_routing(make_sample):
     buf, led = SampleBuffer(3), Ledger()
-    intake = Intake(buf, led, max_tokens=lambda: 10)
+    intake = Intake(buf, led)
+    intake.bind_limits(Limits(tokens=10))
     stream = intake.open("p1", prompts_per_epoch=5)
     first = _drain(stream)
     assert first[0].first and first[0].credits == 3 and led.prompts_per_epoch == 5
@@ -171,7 +173,11 @@ async def test_a_producer_that_reconnects_sends_its_incomplete_group_again(make_
 
 async def test_an_off_lineage_row_drops_its_whole_group(make_sample):
     buf = SampleBuffer(8)
-    intake = Intake(buf, Ledger(), version_problem=lambda s: "off the lineage" if s.sample_id == "g-1" else None)
+    class OffLineage(AdmitAll):
+        def version_problem(self, sample):
+            return "off the lineage" if sample.sample_id == "g-1" else None
+
+    intake = Intake(buf, Ledger(), hooks=OffLineage())
     stream = intake.open("p1", 0)
     _drain(stream)
     outcomes = [intake.receive(stream, make_sample(f"g-{i}", "g", [1], [2], size=3, producer="p1"))

@@ -13,6 +13,7 @@ from agrpo.services.trainer.ledger import Ledger
 from agrpo.services.trainer.sample import MAX_ID_CHARS, Outcome
 from agrpo.services.trainer.servicer import sample_from_proto
 from fuzz_samples import FuzzCases, verdict
+from trainer_helpers import Limits
 
 VOCAB = 1024
 
@@ -53,7 +54,8 @@ RULES = ["sample_id", "group_id", "input_ids", "length mismatch", "token id", "c
 @pytest.mark.parametrize("rule", RULES)
 def test_each_rule_rejects_and_names_the_field(make_sample, rule):
     buf = SampleBuffer(4)
-    intake = Intake(buf, Ledger(), vocab_size=lambda: VOCAB)
+    intake = Intake(buf, Ledger())
+    intake.bind_limits(Limits(vocab=VOCAB))
     stream = intake.open("p", 0)
     good = make_sample("a", "g", [1, 2, 3], [4, 5, 6])
     assert good.validate(VOCAB) is None
