@@ -72,7 +72,7 @@ def open_channel(address: str, service_names: list[str], *, deadline_s: float = 
     ]
     interceptors = [_CallDefaults(token_metadata(auth) if auth else (), deadline_s)]
     creds = channel_credentials(tls) if tls else None
-    if creds is None:
+    if tls is None or creds is None:  # creds are None without tls
         return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
     if tls.server_name_override:
         options.append(("grpc.ssl_target_name_override", tls.server_name_override))

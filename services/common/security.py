@@ -16,6 +16,8 @@ def server_credentials(tls: TLSConfig) -> grpc.ServerCredentials | None:
     """Server TLS (mTLS when require_client_auth), or None for plaintext."""
     if not tls.enabled:
         return None
+    # TLSConfig's validator demands cert_file and key_file when enabled.
+    assert tls.key_file is not None and tls.cert_file is not None
     pair = [(tls.key_file.read_bytes(), tls.cert_file.read_bytes())]
     ca = tls.ca_file.read_bytes() if tls.ca_file else None
     return grpc.ssl_server_credentials(pair, root_certificates=ca,

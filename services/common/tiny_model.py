@@ -149,7 +149,7 @@ def make_tiny_model(out_dir, seed: int = 0, hidden_size: int = 128, intermediate
     residual stream saturates and every sample is the same.
     """
     out = Path(out_dir)
-    params = dict(format=FORMAT_VERSION, seed=seed, hidden_size=hidden_size,
+    params: dict[str, int | float] = dict(format=FORMAT_VERSION, seed=seed, hidden_size=hidden_size,
                   intermediate_size=intermediate_size, num_layers=num_layers, vocab_size=vocab_size)
     if (num_heads, num_kv_heads, init_std) != (4, 2, 0.2):  # keeps the markers of models built before
         params.update(num_heads=num_heads, num_kv_heads=num_kv_heads, init_std=init_std)

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeVar, overload
+
+_Fallback = TypeVar("_Fallback", bound=int | None)
 
 
-def oldest_version(versions: Iterable[int | None], fallback: int) -> int:
+def oldest_version(versions: Iterable[int | None], fallback: _Fallback) -> int | _Fallback:
     """The smallest known version (None entries are unknown), else `fallback`."""
     known = [v for v in versions if v is not None]
     return min(known) if known else fallback
@@ -31,6 +34,10 @@ def sample_version(policy_version: int, span_versions: Iterable[int]) -> int:
     return min(sample_versions(policy_version, span_versions))
 
 
+@overload
+def label_to_version(label: str | None, fallback: int) -> int: ...
+@overload
+def label_to_version(label: str | None, fallback: None = None) -> int | None: ...
 def label_to_version(label: str | None, fallback: int | None = None) -> int | None:
     """A vLLM weight label as a policy version: "default" is 0, "7" is 7, anything else
     (no label, a foreign label) is `fallback`."""

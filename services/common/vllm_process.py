@@ -200,7 +200,7 @@ class VLLMServer:
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)  # own process group for stop()
         try:
-            self._wait_healthy(t0 + self.startup_timeout)
+            self._wait_healthy(self.proc, t0 + self.startup_timeout)
             if self.front_cpus and not self.gpu:
                 pin_threads(self.proc.pid, self.front_cpus)  # its engine and worker stay on `cpus`
             self._warm_up()
@@ -222,10 +222,10 @@ class VLLMServer:
         except (OSError, RuntimeError, ValueError, KeyError, IndexError):
             pass
 
-    def _wait_healthy(self, deadline: float) -> None:
+    def _wait_healthy(self, proc: subprocess.Popen, deadline: float) -> None:
         while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with code {proc.returncode}:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
                     if r.status == 200:

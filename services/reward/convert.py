@@ -8,7 +8,7 @@ only doubles, so an integral number comes back as `int`, as `json.loads` would g
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf import struct_pb2
 
@@ -91,7 +91,7 @@ def response_to_proto(request_id: str, items: list[ItemScore],
     out = reward_pb.ScoreResponse(request_id=request_id, function_latency_ms=latency_ms)
     for item in items:
         out.items.append(reward_pb.ItemScore(total=item.total, scores=[
-            reward_pb.FunctionScore(name=s.name, status=int(s.status), weight=s.weight,
+            reward_pb.FunctionScore(name=s.name, status=cast(reward_pb.ScoreStatus, int(s.status)), weight=s.weight,
                                     value=s.value if s.status is Status.OK else 0.0,
                                     reason=s.reason)
             for s in item.scores]))

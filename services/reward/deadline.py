@@ -20,6 +20,7 @@ without limits, as they do in TRL.
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import threading
 import time
@@ -96,7 +97,7 @@ def score_each(num_items: int, score_one: Callable[[int], Any],
                                   "before this item")
                 continue
             try:
-                out[i] = _run_limited(lambda i=i: score_one(i), limit)
+                out[i] = _run_limited(functools.partial(score_one, i), limit)
             except _Expired:
                 why = "its share of reward.call_timeout_s" if by_share else "the per-item limit"
                 out[i] = TimedOut(f"item took longer than {limit:.3g}s ({why})")

@@ -171,7 +171,9 @@ class WorkerPool:
             await self.close()
             raise failed[0]
         self._runners = [asyncio.create_task(self._run_worker(w)) for w in self._workers]
-        return infos[0]
+        first = infos[0]
+        assert not isinstance(first, BaseException)  # a failed start raised above
+        return first
 
     @property
     def queue_depth(self) -> int:

@@ -43,7 +43,8 @@ def _die_with_parent() -> None:
     try:
         from multiprocessing import forkserver
 
-        server = forkserver._forkserver  # private, but stable since Python 3.4
+        # Private, but stable since Python 3.4 (Any: typeshed does not list _forkserver_alive_fd).
+        server: Any = forkserver._forkserver
         if server._forkserver_alive_fd is not None:
             os.close(server._forkserver_alive_fd)
             server._forkserver_alive_fd = None
@@ -84,6 +85,7 @@ def worker_main(conn: Connection, specs: list[FunctionSpec], sys_path: list[str]
         if message is None:
             return
         call_id, index, kwargs, budget_s = message
+        reply: tuple[Any, bool, Any]  # (call_id, True, scores) or (call_id, False, reason)
         try:
             with call_budget(budget_s):
                 reply = (call_id, True, invoke(loaded[index][0], kwargs, loop))

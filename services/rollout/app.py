@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+from typing import Any
 
 import aiohttp
 import grpc
@@ -24,7 +25,7 @@ from agrpo.services.common.versions import lineage_from_proto
 from agrpo.v1 import common_pb2
 
 from .balancer import Balancer
-from .data import build_prompt_set, load_rows, load_tokenizer
+from .data import PromptSet, build_prompt_set, load_rows, load_tokenizer
 from .engine import Engine
 from .metrics import RolloutMetrics
 from .schedule import PromptScheduler
@@ -49,7 +50,7 @@ class RolloutApp:
         self.sender: Sender | None = None
         self.scheduler: PromptScheduler | None = None
         self.balancer: Balancer | None = None
-        self.prompts = None
+        self.prompts: PromptSet | None = None
         self._tasks: list[asyncio.Task] = []
         self._resumed = asyncio.Event()
         self.finished = asyncio.Event()
@@ -76,8 +77,9 @@ class RolloutApp:
                                  backoff_max_s=r.server_backoff_max_s,
                                  on_latency=lambda u, s: self.metrics.vllm_latency.labels(u).observe(s))
         tokenizer, rows = await reading
-        self.tokenizer, self.prompts = await asyncio.to_thread(self._prompt_set, tokenizer, rows, infos[0].model,
-                                                               max_model_len)
+        self.tokenizer, prompts = await asyncio.to_thread(self._prompt_set, tokenizer, rows, infos[0].model,
+                                                          max_model_len)
+        self.prompts = prompts
         self.metrics.skipped.set(self.prompts.skipped)
         self.scheduler = PromptScheduler(self.prompts.order, self._num_epochs())
         opts = dict(max_message_mb=r.max_message_mb, tls=cfg.tls, auth=cfg.auth)
@@ -86,7 +88,7 @@ class RolloutApp:
         self.reward_channel = open_channel(cfg.reward.dial_address, ["agrpo.v1.RewardService"],
                                            deadline_s=r.scoring_deadline_s, **opts)
         scorer = Scorer(self.reward_channel, deadline_s=r.scoring_deadline_s, retries=r.scoring_retries)
-        await self._check_reward_columns(scorer)
+        await self._check_reward_columns(scorer, prompts)
         self.sender = Sender(self.trainer_channel, producer_id=self.identity.instance_id,
                              prompts_per_epoch=len(self.prompts),
                              heartbeat_s=r.heartbeat_interval_s, reconnect_s=r.trainer_reconnect_s,
@@ -95,11 +97,11 @@ class RolloutApp:
                              balancer=self.balancer, scorer=scorer, sender=self.sender,
                              metrics=self.metrics, producer_id=self.identity.instance_id)
 
-    async def _check_reward_columns(self, scorer: Scorer) -> None:
+    async def _check_reward_columns(self, scorer: Scorer, prompts: PromptSet) -> None:
         """A reward function that needs a column the dataset lacks fails the start, once."""
-        if not self.cfg.reward_funcs or not len(self.prompts):
+        if not self.cfg.reward_funcs or not len(prompts):
             return
-        columns = set().union(*(p.columns for p in list(self.prompts.prompts.values())[:100]))
+        columns = set().union(*(p.columns for p in list(prompts.prompts.values())[:100]))
         try:
             await scorer.check_columns(columns)
         except grpc.aio.AioRpcError as exc:
@@ -116,7 +118,7 @@ class RolloutApp:
             return tokenizer, multiturn.environment_rows(cfg)
         return tokenizer, load_rows(cfg.dataset)
 
-    def _prompt_set(self, tokenizer, rows: list[dict], served_model: str, max_model_len: int):
+    def _prompt_set(self, tokenizer, rows: list[dict], served_model: str, max_model_len: int) -> tuple[Any, PromptSet]:
         """Render and filter the rows for these servers' max_model_len."""
         cfg = self.cfg
         tokenizer = tokenizer or load_tokenizer(served_model, cfg.trust_remote_code)
@@ -137,9 +139,10 @@ class RolloutApp:
 
     async def run_background(self) -> None:
         """Start the links and, once the resume point is known, the engine."""
-        ch = self.trainer_channel
+        ch, sender = self.trainer_channel, self.sender
+        assert sender is not None  # setup() built it
         self._tasks = [
-            asyncio.create_task(self.sender.run()),
+            asyncio.create_task(sender.run()),
             asyncio.create_task(watch_policy(ch, self.identity.instance_id, self.on_policy,
                                              self.liveness, self.cfg.rollout.trainer_reconnect_s)),
             asyncio.create_task(heartbeat_loop(ch, self.heartbeat, self.liveness,
@@ -150,12 +153,14 @@ class RolloutApp:
 
     async def _run_engine(self) -> None:
         await self._resumed.wait()
-        engine_task = asyncio.create_task(self.engine.run())
-        done_task = asyncio.create_task(self.sender.done.wait())
+        engine, sender = self.engine, self.sender
+        assert engine is not None and sender is not None  # setup() built them before run_background()
+        engine_task = asyncio.create_task(engine.run())
+        done_task = asyncio.create_task(sender.done.wait())
         try:
             await asyncio.wait([engine_task, done_task], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self.engine.stop()
+            engine.stop()
             done_task.cancel()
             await asyncio.gather(engine_task, return_exceptions=True)
         if engine_task.done() and not engine_task.cancelled() and engine_task.exception():
@@ -167,24 +172,27 @@ class RolloutApp:
             else:
                 log.error("generation loop failed", exc_info=self.failure)
             self.finished.set()
-        elif self.sender.done.is_set():
+        elif sender.done.is_set():
             self.identity.state = common_pb2.SERVING_STATE_DONE
             self.finished.set()
 
     async def _gauges(self) -> None:
         """Refresh gauges every GAUGE_PERIOD_S and the servers' weight labels every WEIGHT_LABEL_PERIOD_S."""
         tick, every = 0, max(1, round(WEIGHT_LABEL_PERIOD_S / GAUGE_PERIOD_S))
+        engine, sender, balancer = self.engine, self.sender, self.balancer
+        # setup() built them before run_background() started this task
+        assert engine is not None and sender is not None and balancer is not None
         while True:
             m = self.metrics
-            m.buffered.set(self.sender.held)
-            m.groups_inflight.set(len(self.engine.generating) + self.engine.scoring_groups)
+            m.buffered.set(sender.held)
+            m.groups_inflight.set(len(engine.generating) + engine.scoring_groups)
             m.trainer_silent.set(self.liveness.silent_s)
-            idle = self.engine.idle
+            idle = engine.idle
             m.generation_idle.set(idle.idle_s / idle.total_s if idle.total_s else 0.0)
-            m.credits.set(self.engine.credits_available)
-            m.stale_share.set(self.engine.dropped_stale_share)
+            m.credits.set(engine.credits_available)
+            m.stale_share.set(engine.dropped_stale_share)
             if tick % every == 0:
-                for s in self.balancer.servers:
+                for s in balancer.servers:
                     if s.up:
                         s.weight_label = await s.client.weight_label() or s.weight_label
             tick += 1
@@ -208,6 +216,7 @@ class RolloutApp:
     # Sender hooks
     def on_resume(self, rp) -> None:
         keys = [(k.dataset_index, k.epoch) for k in rp.trained]
+        assert self.scheduler is not None  # the sender (setup() builds it after the scheduler) calls this
         lost = self.scheduler.resume(rp.completed_epochs, keys)
         if lost:
             log.warning("trainer lost %d trained prompts (restart?): re-issuing them", lost)
@@ -217,6 +226,8 @@ class RolloutApp:
             self.engine.wake()
 
     def on_group_done(self, key, ok: bool, reason: str) -> None:
+        # The sender reports on groups the engine sent: setup() had built both and the scheduler.
+        assert self.scheduler is not None and self.engine is not None
         if ok:
             self.scheduler.trained(key)
             self.engine.wake()
@@ -264,6 +275,7 @@ class RolloutApp:
         e, s, sch = self.engine, self.sender, self.scheduler
         if e is None:
             return {}
+        assert s is not None and sch is not None and self.balancer is not None  # setup() built them before the engine
         return {"epoch": sch.epoch, "prompts_issued": sch.issued, "prompts_reissued": sch.reissued,
                 "groups_in_flight": len(e.generating) + e.scoring_groups, "samples_buffered": s.held,
                 "samples_sent": s.sent, "samples_acked": s.acked, "drops": dict(e.drops),

@@ -146,6 +146,7 @@ class Engine:
             for t in workers:
                 t.cancel()
             for g in list(self.generating.values()):
+                assert g.task is not None  # _launch() sets it as it adds the group
                 g.task.cancel()
             await asyncio.gather(*workers, *(g.task for g in self.generating.values()),
                                  return_exceptions=True)
@@ -251,6 +252,7 @@ class Engine:
     def _abort(self, stale: list[Group], reason: str) -> None:
         """Cancel in-flight groups at vLLM and re-issue their prompts."""
         for g in stale:
+            assert g.task is not None  # every generating group has one (_launch())
             g.task.cancel()
             self.generating.pop(g.group_id, None)
             self._release(g, g.slots)
@@ -295,7 +297,8 @@ class Engine:
         if self.is_stale(group.version):
             self._drop(group, "stale_scored")
             return
-        scored = ScoredGroup(*strategy.rewards(group, scores), scoring_ms, wait_ms, scores.errors)
+        rewards, components = strategy.rewards(group, scores)
+        scored = ScoredGroup(rewards, components, scoring_ms, wait_ms, scores.errors)
         self._observe_rewards(scored)
         samples = build_samples(group, prompt, strategy.rows(group, prompt), scored, texts,
                                 send_text=self.cfg.rollout.send_text, producer_id=self.producer_id,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.common.identity import Identity
@@ -28,6 +29,9 @@ from .policy import PolicyBoard
 from .ranks import RankGroup, World
 from .sample import Sample
 from .state import TrainState
+
+if TYPE_CHECKING:
+    from .loop import TrainerLoop
 
 log = get_logger("trainer.app")
 
@@ -59,7 +63,7 @@ class TrainerApp:
         self.board = PolicyBoard()
         self.metrics = TrainerMetrics()
         self.intake = Intake(self.buffer, self.state.ledger, build_pace(cfg), hooks=self)
-        self.loop = None  # TrainerLoop, once boot() has loaded the model
+        self.loop: TrainerLoop | None = None  # once boot() has loaded the model
         self.ready = False
 
     def _restore(self, restart: bool) -> TrainState:
@@ -88,7 +92,9 @@ class TrainerApp:
         for v in sorted(sample_versions(sample.policy_version, (v for v, _, _ in sample.version_spans))):
             if st.lineage.index(v) is None:
                 return f"off the trainer's lineage: version {v} names weights a restart rolled back"
-        if st.lineage.distance(st.version, sample.policy_version) < 0:
+        distance = st.lineage.distance(st.version, sample.policy_version)
+        assert distance is not None  # both on the lineage: the trainer's version, and the sample's (checked above)
+        if distance < 0:
             return f"version {sample.policy_version} is newer than the trainer's {st.version}"
         newest = max(v for v, _, _ in sample.version_spans) if sample.version_spans else 0
         if newest > self.record.max_version:
@@ -114,6 +120,7 @@ class TrainerApp:
 
     async def train(self) -> bool:
         """Run the loop; True when training is done (not merely stopped)."""
+        assert self.loop is not None  # the server trains only after boot()
         await self.loop.run()
         return self.loop.done()
 

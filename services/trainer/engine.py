@@ -249,7 +249,8 @@ class Engine:
         t0 = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total_loss, stats = 0.0, {}
+        total_loss = 0.0
+        stats: dict = {}
         for mb in batches:
             world = len(mb.rows)
             for row in self.my_rows(mb):

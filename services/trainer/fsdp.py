@@ -96,6 +96,7 @@ def full_weights_for_sync(model: torch.nn.Module, dtype: torch.dtype | None = No
             t = p.full_tensor() if isinstance(p, DTensor) else p.detach()
             t = t.to(want[name], copy=True) if keep else None
         if keep:
+            assert t is not None  # copied above whenever `keep`
             result.append((hf_name(name), t.contiguous()))
     return result
 

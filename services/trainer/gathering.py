@@ -25,7 +25,7 @@ from agrpo.services.common.metrics import IdleClock
 from .buffer import SampleBuffer
 from .intake import OTHER_GROUP, Intake
 from .metrics import TrainerMetrics
-from .packing import MicroBatch, make_batcher
+from .packing import FixedCountBatcher, MicroBatch, TokenBudgetBatcher, make_batcher
 from .sample import Outcome, Sample
 from .state import TrainState
 
@@ -57,7 +57,7 @@ class StepGatherer:
         self.ledger, self.pace = state.ledger, intake.pace
         self.num_rows, self.idle = num_rows, idle
         self.max_model_len, self.reconcile = max_model_len, reconcile
-        self.batcher = None
+        self.batcher: TokenBudgetBatcher | FixedCountBatcher | None = None  # start() builds it
         self.drops: Counter = Counter()  # samples not trained, by reason (stale, oversize, duplicate_prompt)
 
     def token_budget(self) -> int | None:
@@ -66,6 +66,11 @@ class StepGatherer:
         if budget is None:
             return self.max_model_len()
         return budget if budget > 0 else None
+
+    @property
+    def _batcher(self) -> TokenBudgetBatcher | FixedCountBatcher:
+        assert self.batcher is not None  # the loop calls start() before it pulls steps
+        return self.batcher
 
     def start(self) -> None:
         """The planner, once the servers' max_model_len is known: one row per rank in every
@@ -85,7 +90,7 @@ class StepGatherer:
             if self._take_group(out):
                 continue
             t = time.monotonic()
-            open_samples = self.batcher.num_samples
+            open_samples = self._batcher.num_samples
             timeout = self.cfg.trainer.idle_flush_s if (open_samples or out.batches) else 1.0
             self.idle.busy(False)
             got = await self.buffer.wait_nonempty(timeout)
@@ -111,15 +116,15 @@ class StepGatherer:
         fresh when popped, but the new version can make them stale before their micro-batch
         closes (a group leaves whole: none of an open group was trained), and incomplete groups
         may have waited past the bound. Consumption now counts against the new version."""
-        late_groups = {s.group_id for s in self.batcher.open_samples if self.is_stale(s)}
-        late = self.batcher.evict(lambda s: s.group_id in late_groups)
+        late_groups = {s.group_id for s in self._batcher.open_samples if self.is_stale(s)}
+        late = self._batcher.evict(lambda s: s.group_id in late_groups)
         if late:
             self.ledger.release(late)
             self._drop_stale(late)
         waited_out = self.buffer.evict_incomplete(self.is_group_stale)
         if waited_out:
             self._drop_stale(waited_out)
-        self.intake.version_moved(trained, self.batcher.num_samples)
+        self.intake.version_moved(trained, self._batcher.num_samples)
 
     def is_stale(self, sample: Sample) -> bool:
         """Past max_staleness at the trainer's version, or off its lineage (versions.py)."""
@@ -130,13 +135,13 @@ class StepGatherer:
         return any(self.is_stale(s) for s in group)
 
     def _flush_into(self, out: StepInput) -> None:
-        last = self.batcher.flush()
+        last = self._batcher.flush()
         if last is not None:
             out.batches.append(last)
 
     def _splits_a_group(self, out: StepInput) -> bool:
         in_step = {s.group_id for s in out.samples}
-        return any(s.group_id in in_step for s in self.batcher.open_samples)
+        return any(s.group_id in in_step for s in self._batcher.open_samples)
 
     def _step_full(self, out: StepInput) -> bool:
         if self.pace.sync:
@@ -156,8 +161,10 @@ class StepGatherer:
             return True
         self.pace.consume(len(group))
         for sample in group:
-            self.metrics.staleness.observe(self.state.staleness(sample.policy_version))
-        out.batches += self.batcher.add_group(group)
+            staleness = self.state.staleness(sample.policy_version)
+            assert staleness is not None  # a fresh group is on the lineage (is_group_stale)
+            self.metrics.staleness.observe(staleness)
+        out.batches += self._batcher.add_group(group)
         return True
 
     def _on_oversize(self, sample: Sample, reason: str) -> None:

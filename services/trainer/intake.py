@@ -19,12 +19,12 @@ import asyncio
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from .buffer import SampleBuffer
 from .ledger import Ledger
 from .pacing import Pace
-from .sample import Ack, Outcome, Sample
+from .sample import Ack, Outcome, PromptKey, Sample
 
 ALREADY_PENDING = "already buffered; TRAINED follows"
 OTHER_GROUP = "prompt already trained by another group (exactly once per epoch)"
@@ -89,7 +89,8 @@ class ProducerStream:
         self.outbox: asyncio.Queue[Outbound | None] = asyncio.Queue()
         self.outstanding = 0  # credits granted and not yet used
 
-    def send(self, msg: Outbound) -> None:
+    def send(self, msg: Outbound | None) -> None:
+        """Queue `msg` for the producer; None closes the stream."""
         self.outbox.put_nowait(msg)
 
 
@@ -165,7 +166,7 @@ class Intake:
             else:
                 outcome, reason = Outcome.DROPPED_STALE, DOOMED_GROUP
         self._keep_groups_whole(sample, outcome)
-        ack = Ack(sample.sample_id, outcome, tuple(sample.prompt_key), reason)
+        ack = Ack(sample.sample_id, outcome, cast(PromptKey, tuple(sample.prompt_key)), reason)
         credits = 0
         if outcome is not Outcome.ACCEPTED or resend:
             kind = {Outcome.DUPLICATE: "duplicate", Outcome.REJECTED: "rejected",
@@ -214,7 +215,7 @@ class Intake:
         by_producer: dict[str, list[Ack]] = {}
         for s in samples:
             self.pending.discard(s.sample_id)
-            ack = Ack(s.sample_id, outcome, tuple(s.prompt_key), reason)
+            ack = Ack(s.sample_id, outcome, cast(PromptKey, tuple(s.prompt_key)), reason)
             by_producer.setdefault(s.producer_id, []).append(ack)
         for producer_id, acks in by_producer.items():
             stream = self.streams.get(producer_id)

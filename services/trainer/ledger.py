@@ -14,8 +14,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
+from typing import cast
 
 from .sample import PromptKey, Sample
+
+
+def _key(sample: Sample) -> PromptKey:
+    """The sample's prompt key as a hashable tuple (a caller may have built it as a list)."""
+    return cast(PromptKey, tuple(sample.prompt_key))
 
 
 class Ledger:
@@ -33,7 +39,7 @@ class Ledger:
 
     def owned_by_other(self, sample: Sample) -> bool:
         """True when another group already owns (trained or batched) this prompt key."""
-        owner = self.owners.get(tuple(sample.prompt_key))
+        owner = self.owners.get(_key(sample))
         return owner is not None and owner != sample.group_id
 
     def claim(self, sample: Sample) -> bool:
@@ -43,23 +49,23 @@ class Ledger:
         dropped as stale never owns its key and the prompt's re-issue can train."""
         if self.owned_by_other(sample):
             return False
-        self.owners.setdefault(tuple(sample.prompt_key), sample.group_id)
+        self.owners.setdefault(_key(sample), sample.group_id)
         return True
 
     def release(self, samples: Iterable[Sample]) -> None:
         """Drop the claims of samples removed untrained (evicted as stale) unless their key
         was trained meanwhile, so the prompt's re-issue can own it."""
         for s in samples:
-            key = tuple(s.prompt_key)
+            key = _key(s)
             if key not in self.trained_keys and self.owners.get(key) == s.group_id:
                 del self.owners[key]
 
     def record(self, samples: Iterable[Sample]) -> list[PromptKey]:
         """Mark samples trained; return prompt keys trained for the first time."""
-        new = []
+        new: list[PromptKey] = []
         for s in samples:
             self.trained_ids.add(s.sample_id)
-            key = tuple(s.prompt_key)
+            key = _key(s)
             self.owners.setdefault(key, s.group_id)
             if key not in self.trained_keys:
                 self.trained_keys.add(key)

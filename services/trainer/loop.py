@@ -140,7 +140,7 @@ class TrainerLoop:
         """One optimizer step in a worker thread, then ledger, audit log, acks and counters."""
         t0 = time.perf_counter()
         versions = {s.policy_version for s in step_in.samples}
-        staleness = {v: self.state.staleness(v) for v in versions}
+        staleness = {v: self._staleness(v) for v in versions}
         stats = await asyncio.to_thread(self.ranks.train_step, step_in.batches, staleness)
         stats["perf/step_s"] = time.perf_counter() - t0
         samples = step_in.samples
@@ -149,7 +149,7 @@ class TrainerLoop:
         self.ledger.record(samples)
         self.trained_at_version += len(samples)
         step_in.trained_version = self.state.version
-        step_in.staleness = [self.state.staleness(s.policy_version) for s in samples]
+        step_in.staleness = [self._staleness(s.policy_version) for s in samples]
         self.state.step += 1
         self.audit.write(self.state.step, self.state.version, samples, step_in.staleness)
         self.intake.settle(samples, Outcome.TRAINED)
@@ -157,6 +157,13 @@ class TrainerLoop:
         self.metrics.step.set(self.state.step)
         self.metrics.step_time.observe(stats["perf/step_s"])
         return stats
+
+    def _staleness(self, policy_version: int) -> int:
+        """A trained sample's distance on the lineage: the gatherer took it fresh, so on the
+        lineage (which only grows while the trainer runs)."""
+        distance = self.state.staleness(policy_version)
+        assert distance is not None
+        return distance
 
     # Checkpoints
     def _save_every(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from agrpo.services.common.logging import get_logger
@@ -99,7 +100,7 @@ class StepLogger:
 
 
 def _backends(targets: list[str], run_name, logging_dir, project) -> list:
-    out = []
+    out: list[Callable[[int, dict], object]] = []
     names = set(targets)
     if "all" in names:
         names = {"tensorboard", "wandb", "trackio"}
@@ -116,7 +117,12 @@ def _backends(targets: list[str], run_name, logging_dir, project) -> list:
             try:
                 mod = __import__(name)
                 mod.init(project=project, name=run_name)
-                out.append(lambda s, m, mod=mod: mod.log(m, step=s))
+                out.append(_log_to(mod))
             except ImportError:
                 log.warning("report_to %s: not installed", name)
     return out
+
+
+def _log_to(mod) -> Callable[[int, dict], object]:
+    """A backend logging through `mod` (wandb, trackio): mod.log(metrics, step=step)."""
+    return lambda s, m: mod.log(m, step=s)

@@ -79,7 +79,8 @@ def _optim_args(text: str | None) -> dict[str, float]:
 
 def build_optimizer(cfg: AgrpoConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     """AdamW (fused where the device allows), SGD or Adafactor; decay skips norms and biases."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)

@@ -400,7 +400,8 @@ class FixedCountBatcher:
 
 
 def make_batcher(token_budget: int | None, max_model_len: int, num_rows: int, batch_size: int,
-                 on_drop: DropFn | None = None, max_samples: int | None = None):
+                 on_drop: DropFn | None = None,
+                 max_samples: int | None = None) -> TokenBudgetBatcher | FixedCountBatcher:
     """TRL's choice: None -> the server's max_model_len; <= 0 -> fixed count."""
     budget = max_model_len if token_budget is None else token_budget
     if budget <= 0:

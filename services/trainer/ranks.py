@@ -29,9 +29,15 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING, cast
 
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.timeouts import RANK_BEAT_S
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .engine import Engine
 
 log = get_logger("trainer.ranks")
 
@@ -186,8 +192,8 @@ class RankGroup:
 
     def __init__(self, world: World) -> None:
         self.world = world
-        self.engine = None
-        self._commands = None
+        self.engine: Engine | None = None  # rank 0's, once build() ran
+        self._commands: Commands | None = None  # _send() opens it (more than one rank)
         self._busy = False  # a command runs: the followers are in it, not beating
         self._beats: dict[int, tuple[int, float]] = {}  # rank -> (count, when it last changed)
 
@@ -206,6 +212,7 @@ class RankGroup:
         except Exception as exc:  # gloo/NCCL raise RuntimeError and friends
             if self.world.size == 1:
                 raise
+            assert self._commands is not None  # _send() opened it: more than one rank
             behind = self._commands.behind(self.world.size)
             raise RanksFailed(f"trainer ranks: {name!r} failed after {time.monotonic() - t0:.1f} s "
                               f"(ranks behind: {behind or 'none'}): {str(exc).splitlines()[0][:300]}") from exc
@@ -234,8 +241,11 @@ class RankGroup:
         return built
 
     def train_step(self, batches, staleness: dict[int, int] | None) -> dict:
-        lookup = staleness.get if staleness is not None else None
-        return self._together("step", lambda: self.engine.train_step(batches, lookup), batches, staleness)
+        # get(), never None: `staleness` has the version of every sample in `batches` (TrainerLoop)
+        lookup = cast("Callable[[int], int]", staleness.get) if staleness is not None else None
+        engine = self.engine
+        assert engine is not None  # the trainer steps only after build()
+        return self._together("step", lambda: engine.train_step(batches, lookup), batches, staleness)
 
     def weights(self, dtype):
         """The full (HF-named) weights on rank 0, gathered unit by unit on every rank."""
@@ -325,6 +335,7 @@ def follow(cfg, world: World) -> int:
             engine = build(cfg, args[0], args[1], world)[0]
         elif name == "step":
             batches, staleness = args
+            assert engine is not None  # rank 0 sends "build" before any "step"
             engine.train_step(batches, staleness.get if staleness is not None else None)
         elif name == "weights":
             gather_weights(engine, args[0])

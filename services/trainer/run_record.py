@@ -26,6 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from . import checkpoint
 
@@ -118,7 +119,7 @@ def plan(output_dir: Path, run_id: str | None, resume_from: bool | str | None,
     return Start(None, record, restart=False, archived=archived)
 
 
-def continues(prev: RunRecord | None, run_id: str | None) -> bool:
+def continues(prev: RunRecord | None, run_id: str | None) -> TypeGuard[RunRecord]:
     """With resume_from_checkpoint unset: does this trainer continue the run in output_dir?
     Its own run id always does (a restart inside the run); no run id continues a run that did
     not finish (a supervisor's restart after a crash); another run id never does."""
@@ -176,7 +177,8 @@ def rewind(path: Path, step: int) -> int:
     """Move the records of steps after `step` out of a JSONL file; return how many moved."""
     if not path.exists():
         return 0
-    keep, moved = [], []
+    keep: list[str] = []
+    moved: list[str] = []
     for line in path.read_text().splitlines():
         try:
             rec = json.loads(line)

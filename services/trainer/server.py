@@ -67,6 +67,7 @@ class TrainerService:
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Until SERVING; re-raises a start-up failure."""
+        assert self._boot_task is not None  # start() created it
         await asyncio.wait_for(asyncio.shield(self._boot_task), timeout)
 
     async def _boot(self) -> None:
@@ -113,6 +114,7 @@ class TrainerService:
     async def wait_done(self, timeout: float | None = None) -> None:
         """Until the loop ends (training done or stopped)."""
         await self.wait_ready(timeout)
+        assert self._run_task is not None  # a boot that returned (wait_ready) created it
         await asyncio.wait_for(asyncio.shield(self._run_task), timeout)
 
     async def stop(self) -> None:
@@ -141,15 +143,17 @@ async def serve(cfg: AgrpoConfig, world: World | None = None) -> int:
     signals = StopSignals().install()
     svc = await build(cfg, world)
     await svc.start(wait_ready=False)
+    boot_task = svc._boot_task
+    assert boot_task is not None  # start() created it
     stop = asyncio.create_task(signals.requested.wait())
-    await asyncio.wait([stop, svc._boot_task], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait([stop, boot_task], return_when=asyncio.FIRST_COMPLETED)
     if svc.failed is None and svc._run_task is not None:
         await asyncio.wait([stop, svc._run_task], return_when=asyncio.FIRST_COMPLETED)
         if svc._run_task.done() and svc.failed is None and not cfg.trainer.exit_when_done:
             await stop  # training is done: keep answering status until stopped
     stop.cancel()
-    if svc._boot_task.done() and not svc._boot_task.cancelled():
-        svc._boot_task.exception()  # retrieved: a failure was logged where it happened
+    if boot_task.done() and not boot_task.cancelled():
+        boot_task.exception()  # retrieved: a failure was logged where it happened
     await svc.stop()
     if isinstance(svc.failed, StartupError):
         raise svc.failed  # the CLI prints it as one line and exits 2

@@ -8,6 +8,7 @@ the resume point on the first message, done). No training logic here.
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 import grpc
 
@@ -21,14 +22,19 @@ from agrpo.v1 import trainer_service_pb2 as trainer_pb
 from agrpo.v1 import trainer_service_pb2_grpc as trainer_grpc
 
 from .intake import Outbound
-from .sample import MAX_ID_CHARS, Sample
+from .sample import MAX_ID_CHARS, Outcome, Sample
 
 log = get_logger("trainer.servicer")
 
-def _transport_enum(name: str) -> int:
+def _transport_enum(name: str) -> common_pb2.WeightTransport:
     """The contract's WeightTransport value of a registered transport (0 when unknown)."""
     return common_pb2.WeightTransport.Value(weight_transports.proto_name(name)) \
         if name in weight_transports.TRANSPORTS else common_pb2.WEIGHT_TRANSPORT_UNSPECIFIED
+
+
+def _outcome_enum(outcome: Outcome) -> trainer_pb.SampleOutcome:
+    """The contract's SampleOutcome value (Outcome's values mirror it; the stubs' enum type is not int)."""
+    return cast(trainer_pb.SampleOutcome, int(outcome))
 
 
 def sample_from_proto(msg: common_pb2.RolloutSample) -> Sample:
@@ -70,7 +76,7 @@ class TrainerServicer(trainer_grpc.TrainerServiceServicer):
                                       lineage=lineage_to_proto(self.app.state.lineage))
 
     def _response(self, out: Outbound) -> trainer_pb.PushSamplesResponse:
-        acks = [trainer_pb.SampleAck(sample_id=a.sample_id, outcome=int(a.outcome), reason=a.reason,
+        acks = [trainer_pb.SampleAck(sample_id=a.sample_id, outcome=_outcome_enum(a.outcome), reason=a.reason,
                                      prompt_key=_prompt_key(a.prompt_key)) for a in out.acks]
         msg = trainer_pb.PushSamplesResponse(acks=acks, credits=out.credits,
                                              policy_version=self._version(), done=out.done)
@@ -98,8 +104,9 @@ class TrainerServicer(trainer_grpc.TrainerServiceServicer):
                 if out is None:  # replaced by a newer stream, or the reader finished
                     break
                 yield self._response(out)
-            if reader.done() and not reader.cancelled() and reader.exception() is not None:
-                raise reader.exception()  # e.g. a message that does not parse
+            failure = reader.exception() if reader.done() and not reader.cancelled() else None
+            if failure is not None:
+                raise failure  # e.g. a message that does not parse
         finally:
             reader.cancel()
             intake.close(stream)

@@ -26,7 +26,7 @@ def make_transport(cfg: AgrpoConfig, device: torch.device) -> WeightTransport:
     kind = cfg.trainer.weight_transport
     if kind == "auto":
         kind = "nccl" if device.type == "cuda" else "http"
-    cls = weight_transports.load(kind)
+    cls: type[WeightTransport] = weight_transports.load(kind)
     if cls.needs_gpu and device.type != "cuda":  # a config error, not the model's
         raise StartupError(f"trainer.weight_transport={kind} needs the trainer on a GPU (it trains on {device})")
     return cls.from_config(cfg, device)

@@ -16,12 +16,12 @@ class TrainState:
     step: int = 0
     version: int = 0
     version_step: int = -1  # optimizer step whose weights `version` carries
-    ledger: Ledger | None = None
+    ledger: Ledger = field(default_factory=Ledger)
     lineage: Lineage = field(default_factory=Lineage)
 
     def to_dict(self) -> dict:
         return {"step": self.step, "version": self.version, "version_step": self.version_step,
-                "ledger": (self.ledger or Ledger()).to_dict(), "lineage": self.lineage.to_list()}
+                "ledger": self.ledger.to_dict(), "lineage": self.lineage.to_list()}
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainState:

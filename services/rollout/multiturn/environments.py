@@ -25,7 +25,7 @@ ENV_COLUMN = "environment"
 
 def public_methods(instance: Any) -> dict[str, Callable]:
     """Bound public methods other than reset/get_reward: the environment's tools."""
-    out = {}
+    out: dict[str, Callable] = {}
     for name in dir(type(instance)):
         if name.startswith("_") or name in RESERVED:
             continue
@@ -68,7 +68,7 @@ class Environments:
 
     def __init__(self, factory: Callable | dict[str, Callable]) -> None:
         self.multi = isinstance(factory, dict)
-        items = factory.items() if self.multi else [("default", factory)]
+        items = factory.items() if isinstance(factory, dict) else [("default", factory)]
         self.specs = {name: probe(name, f) for name, f in items}
 
     @classmethod

@@ -19,6 +19,7 @@ realign masked it); rows without a trained token are dropped.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agrpo.services.common.versions import oldest_version
@@ -109,7 +110,7 @@ class Reconciler:
         return FORK, matched, drift
 
     def add_turn(self, prompt_ids: list[int], output_ids: list[int], logprobs: list[float],
-                 versions: list[int | None] | None = None, output_mask: list[int] | None = None) -> str:
+                 versions: Sequence[int | None] | None = None, output_mask: list[int] | None = None) -> str:
         """Reconcile one turn; returns the decision taken."""
         if len(logprobs) != len(output_ids):
             raise ValueError(f"{len(output_ids)} output tokens but {len(logprobs)} logprobs")

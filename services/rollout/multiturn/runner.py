@@ -130,13 +130,13 @@ class MultiTurn:
         messages = ([{"role": "user", "content": prompt.prompt}] if isinstance(prompt.prompt, str)
                     else [dict(m) for m in prompt.prompt])
         tools, schemas = dict(self.tools), list(self.schemas)
-        spec = inst = None
-        if self.envs is not None:
+        envs, spec, inst = self.envs, None, None  # spec and inst are set together, with envs
+        if envs is not None:
             row = {self.cfg.dataset.prompt_column: prompt.prompt, **prompt.columns}
-            spec = self.envs.spec_for(row)
-            inst = self.envs.acquire(spec)
+            spec = envs.spec_for(row)
+            inst = envs.acquire(spec)
         try:
-            if inst is not None:
+            if spec is not None and inst is not None:
                 messages = append_to_last_user(messages, await reset(inst, row))
                 env_tools = public_methods(inst)
                 tools.update({n: env_tools[n] for n in spec.tool_names})
@@ -144,15 +144,15 @@ class MultiTurn:
             res = await run_conversation(generate, self.tokenizer, messages, tools=tools, schemas=schemas,
                                          limits=self.limits(), version_of=version_of,
                                          chat_template_kwargs=self.cfg.chat_template_kwargs)
-            if inst is not None and spec.has_reward:
+            if spec is not None and inst is not None and spec.has_reward:
                 try:
                     res.env_rewards[spec.class_name] = await env_reward(inst)
                 except Exception as exc:  # noqa: BLE001 - an env bug is a NaN reward, not a crash
                     log.warning("%s.get_reward failed: %s", spec.class_name, exc)
                     res.env_rewards[spec.class_name] = math.nan
         finally:
-            if inst is not None:
-                self.envs.release(spec, inst)
+            if envs is not None and spec is not None and inst is not None:
+                envs.release(spec, inst)
         if res.turns == 0:
             log.warning("prompt %d does not fit max_model_len with its tool schemas: no turn generated",
                         prompt.index)

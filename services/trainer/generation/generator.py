@@ -38,6 +38,11 @@ class Request:
     aborted: bool = False
 
 
+def _future(request: Request) -> asyncio.Future:
+    assert request.future is not None  # submit() sets it before it queues the request
+    return request.future
+
+
 @dataclass
 class Choice:
     """One completion, as vLLM's /inference/v1/generate returns it."""
@@ -121,15 +126,15 @@ class Generator:
                 results = await asyncio.to_thread(self.generate, live) if live else []
             except Exception as exc:  # noqa: BLE001 - every request of the batch hears of it
                 for r in live:
-                    if not r.future.done():
-                        r.future.set_exception(exc)
+                    if not _future(r).done():
+                        _future(r).set_exception(exc)
                 continue
             for r, choices in zip(live, results):
-                if not r.future.done():
-                    r.future.set_result(choices)
+                if not _future(r).done():
+                    _future(r).set_result(choices)
             for r in batch:
-                if r.aborted and not r.future.done():
-                    r.future.set_result([Choice(finish_reason="abort") for _ in range(r.params.n)])
+                if r.aborted and not _future(r).done():
+                    _future(r).set_result([Choice(finish_reason="abort") for _ in range(r.params.n)])
 
     # Decoding
     @torch.no_grad()

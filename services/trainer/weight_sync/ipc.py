@@ -106,6 +106,7 @@ class IpcTransport(WeightTransport):
         buffer = self._buffer_for(total)
         pack_into(buffer, named, offsets)
         torch.cuda.current_stream().synchronize()  # the server reads it from another process
+        assert self._share is not None  # _buffer_for() shares every buffer it makes
         info = {"buffer": dict(self._share, nbytes=buffer.numel()), **manifest(named), "offsets": offsets}
         self.last = {"copy_s": time.perf_counter() - t0}
         return Prepared(version, [info], nbytes=total)

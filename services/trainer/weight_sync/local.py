@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import torch
@@ -20,6 +21,11 @@ from agrpo.services.common.logging import get_logger
 
 from .base import Prepared, WeightTransport
 from .orchestrator import SyncReport
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from agrpo.services.trainer.generation.generator import Generator
 
 log = get_logger("trainer.weight_sync.local")
 
@@ -48,10 +54,10 @@ class _LocalAdmin:
         self.syncer = syncer
 
     async def max_model_len(self) -> int:
-        return self.syncer.generator.max_model_len
+        return self.syncer.opened_generator.max_model_len
 
     async def weight_label(self) -> str:
-        return self.syncer.generator.label
+        return self.syncer.opened_generator.label
 
 
 class LocalSyncer:
@@ -63,8 +69,8 @@ class LocalSyncer:
         self.model, self.stop_ids, self.max_model_len = model, stop_ids, max_model_len
         self.model_name, self.seed = model_name, seed
         self.transport = LocalTransport()
-        self.generator = None
-        self._runner = None
+        self.generator: Generator | None = None  # open() builds it
+        self._runner: web.AppRunner | None = None
         self._serving: asyncio.Task | None = None
 
     async def open(self) -> None:
@@ -72,11 +78,18 @@ class LocalSyncer:
         from agrpo.services.trainer.generation import server
         from agrpo.services.trainer.generation.generator import Generator
 
-        self.generator = await asyncio.to_thread(Generator, self.model, self.stop_ids, self.max_model_len, self.seed)
-        self._serving = asyncio.create_task(self.generator.serve())
+        self.generator = generator = await asyncio.to_thread(Generator, self.model, self.stop_ids,
+                                                             self.max_model_len, self.seed)
+        self._serving = asyncio.create_task(generator.serve())
         where = urlparse(self.urls[0])
         host = "127.0.0.1" if where.hostname in ("localhost", "127.0.0.1") else "0.0.0.0"
-        self._runner = await server.start(self.generator, self.model_name, host, where.port or 80)
+        self._runner = await server.start(generator, self.model_name, host, where.port or 80)
+
+    @property
+    def opened_generator(self) -> Generator:
+        """The generator, which open() built: the loop opens the syncer before it asks anything."""
+        assert self.generator is not None
+        return self.generator
 
     async def close(self) -> None:
         if self._runner is not None:
@@ -92,10 +105,11 @@ class LocalSyncer:
 
     async def prepare_now(self, version: int, prepare=None) -> float:
         """Copy the trainer's weights in as `version` (unless they are in already); seconds taken."""
-        if self.generator.label == str(version):
+        generator = self.opened_generator
+        if generator.label == str(version):
             return 0.0
         t0 = time.perf_counter()
-        await asyncio.to_thread(self.generator.load, self.model, str(version))
+        await asyncio.to_thread(generator.load, self.model, str(version))
         return time.perf_counter() - t0
 
     async def sync(self, version: int, prepare=None, urls: list[str] | None = None) -> SyncReport:

@@ -34,6 +34,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
@@ -99,7 +100,7 @@ def init_info(proto: NcclProtocol, world_size: int, *, unique_id: bytes | None =
 def update_info(proto: NcclProtocol, meta: dict[str, list], buffer_bytes: int = DEFAULT_BUFFER_BYTES,
                 num_buffers: int = DEFAULT_NUM_BUFFERS) -> dict:
     """/update_weights payload: the manifest, plus packing settings before 0.28."""
-    info = dict(meta)
+    info: dict[str, Any] = dict(meta)
     if not proto.packed_in_init:
         info.update(packed=True, packed_buffer_size_bytes=buffer_bytes, packed_num_buffers=num_buffers)
     return info
@@ -215,9 +216,9 @@ class _Comm:
     """One rank-0 communicator: our ctypes binding ("nccl") or vLLM's PyNccl ("pynccl")."""
 
     kind: str
-    handle: object
+    handle: Any                    # a ctypes comm ("nccl") or vLLM's PyNcclCommunicator ("pynccl")
     proto: NcclProtocol
-    stream: object = None          # dedicated CUDA stream: a stuck peer never blocks training
+    stream: Any = None             # torch.cuda.Stream, dedicated: a stuck peer never blocks training
     keep: list = field(default_factory=list)  # the TCPStore must outlive the rendezvous
 
     def broadcast(self, buf: torch.Tensor) -> None:

@@ -129,12 +129,14 @@ class WeightSyncer:
         """Prepare the payload (in a thread, unless `prepare_now` did) and push it to `urls`
         (default: all)."""
         await self.prepare_now(version, prepare)
+        prepared = self._prepared
+        assert prepared is not None  # prepare_now() just built it (nothing resets it)
         t0 = time.perf_counter()
-        report = SyncReport(version, nbytes=self._prepared.nbytes, uri=self._prepared.uri)
+        report = SyncReport(version, nbytes=prepared.nbytes, uri=prepared.uri)
         # the build's time, once (the loop's prepare_now may have built it a moment earlier)
         report.phase_s["prepare"], self._prepare_s = self._prepare_s, 0.0
         targets = self.urls if urls is None else urls
-        results = await asyncio.gather(*(self._sync_one(u, self._prepared, report) for u in targets),
+        results = await asyncio.gather(*(self._sync_one(u, prepared, report) for u in targets),
                                        return_exceptions=True)
         for url, res in zip(targets, results):
             if isinstance(res, WeightSyncError):

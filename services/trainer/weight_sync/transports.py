@@ -57,7 +57,9 @@ def gpu_uuid(device: torch.device | None = None) -> str:
 
 def split_by_bytes(named: list[tuple[str, torch.Tensor]], limit: int) -> list[list[tuple[str, torch.Tensor]]]:
     """Consecutive chunks of at most `limit` bytes (a bigger tensor is a chunk alone)."""
-    chunks, cur, size = [], [], 0
+    chunks: list[list[tuple[str, torch.Tensor]]] = []
+    cur: list[tuple[str, torch.Tensor]] = []
+    size = 0
     for name, t in named:
         n = t.numel() * t.element_size()
         if cur and size + n > limit:
