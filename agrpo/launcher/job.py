@@ -20,7 +20,13 @@ from urllib.parse import urlparse
 
 from agrpo.services.common import weight_transports
 from agrpo.services.common.preflight import STARTUP_ERROR_EXIT, StartupError, check_port
-from agrpo.services.common.timeouts import ROLLOUT_STATUS_POLL_S, STATUS_POLL_S
+from agrpo.services.common.timeouts import (
+    ROLLOUT_STATUS_POLL_S,
+    SERVICE_STOP_GRACE_S,
+    STATUS_POLL_S,
+    TRAINER_STOP_EXTRA_S,
+    VLLM_STOP_GRACE_S,
+)
 
 from .gpus import gpu_count, trainer_devices
 from .preflight import check_job
@@ -186,14 +192,14 @@ class Job:
 
     def stop(self, kill: bool = False) -> None:
         """Trainer first (it finishes its step and checkpoints), then rollout, reward, vLLM."""
-        grace = 0 if kill else self.cfg.trainer.grace_s + 30
+        grace = 0 if kill else self.cfg.trainer.grace_s + TRAINER_STOP_EXTRA_S
         for name in ("trainer", "rollout", "reward"):
             svc = self.services.get(name)
             if svc is not None:
                 svc.done = True
-                svc.process.stop(grace_s=grace if name == "trainer" else min(grace, 15))
+                svc.process.stop(grace_s=grace if name == "trainer" else min(grace, SERVICE_STOP_GRACE_S))
         for server in reversed(self.vllm_servers):
-            server.stop(grace=0 if kill else 20)
+            server.stop(grace=0 if kill else VLLM_STOP_GRACE_S)
         self.vllm_servers.clear()
 
     def run(self) -> int:

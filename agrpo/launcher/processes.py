@@ -10,7 +10,7 @@ from collections import deque
 from pathlib import Path
 
 from agrpo.services.common.lifetime import dying_with_this_process
-from agrpo.services.common.timeouts import STATUS_CALL_TIMEOUT_S
+from agrpo.services.common.timeouts import PROCESS_EXIT_WAIT_S, STATUS_CALL_TIMEOUT_S
 
 
 class ServiceProcess:
@@ -70,7 +70,7 @@ class ServiceProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        self.proc.wait(timeout=10)
+        self.proc.wait(timeout=PROCESS_EXIT_WAIT_S)
 
 
 def get_status(address: str, service: str):

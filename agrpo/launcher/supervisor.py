@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agrpo.services.common.preflight import STARTUP_ERROR_EXIT, StartupError
+from agrpo.services.common.timeouts import RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S, RESTART_WINDOW_S
 
 from .processes import ServiceProcess
 
@@ -25,9 +26,9 @@ class RestartPolicy:
     """How many crashes to absorb, and how long to wait before each restart."""
 
     max_restarts: int = 3
-    window_s: float = 600.0
-    backoff_s: float = 2.0
-    backoff_max_s: float = 30.0
+    window_s: float = RESTART_WINDOW_S
+    backoff_s: float = RESTART_BACKOFF_S
+    backoff_max_s: float = RESTART_BACKOFF_MAX_S
 
     def delay(self, crashes: int) -> float:
         return min(self.backoff_s * 2 ** max(crashes - 1, 0), self.backoff_max_s)

@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from agrpo.services.common.preflight import StartupError, check_vllm_urls
+from agrpo.services.common.timeouts import VLLM_LAUNCH_TIMEOUT_S
 from agrpo.services.common.vllm_process import GpuProfile, VLLMServer
 
 from .gpus import gpu_count
@@ -49,7 +50,7 @@ class VllmSettings:
     gpu_memory_utilization: float = 0.3
     extra_args: tuple[str, ...] = ()
 
-    def server(self, log_path: Path | None = None, startup_timeout: float = 600.0) -> VLLMServer:
+    def server(self, log_path: Path | None = None, startup_timeout: float = VLLM_LAUNCH_TIMEOUT_S) -> VLLMServer:
         """The VLLMServer that runs this command."""
         if self.gpu:
             profile = GpuProfile(gpu=self.vllm_gpu, gpu_memory_utilization=self.gpu_memory_utilization,

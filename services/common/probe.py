@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from agrpo.services.common.timeouts import HEALTH_CHECK_TIMEOUT_S
+
 
 def wait_serving(address: str, service: str = "", timeout_s: float = 90.0,
                  check_alive: Callable[[], None] = lambda: None, interval_s: float = 0.25) -> bool:
@@ -21,7 +23,7 @@ def wait_serving(address: str, service: str = "", timeout_s: float = 90.0,
         while time.monotonic() < deadline:
             check_alive()
             try:
-                status = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
+                status = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=HEALTH_CHECK_TIMEOUT_S).status
                 if status == health_pb2.HealthCheckResponse.SERVING:
                     return True
             except grpc.RpcError:

@@ -64,7 +64,48 @@ WORKER_RESTART_BACKOFF_S = 0.5
 WORKER_RESTART_BACKOFF_MAX_S = 30.0
 """Cap of that back-off: a broken reward module is retried twice a minute, not in a hot loop."""
 
+# A vLLM server process (services/common/vllm_process.py)
+
+VLLM_START_TIMEOUT_S = 240.0
+"""Default limit for a vLLM server to answer /health after its start (a CPU model loads and warms up)."""
+
+VLLM_LAUNCH_TIMEOUT_S = 600.0
+"""The launcher's limit for the same: a GPU server also captures CUDA graphs and a first start compiles."""
+
+VLLM_START_POLL_TIMEOUT_S = 2.0
+"""Limit of one /health poll while a server starts: a server still loading refuses or stalls; poll again."""
+
+VLLM_REQUEST_TIMEOUT_S = 120.0
+"""Default limit of one request to a server from its handle (weight pushes, tests): a full reload fits."""
+
+VLLM_PROBE_TIMEOUT_S = 60.0
+"""Limit of the subprocess that asks a vLLM install what it supports: it imports vLLM, which is slow."""
+
+PROCESS_EXIT_WAIT_S = 10.0
+"""How long to wait for a killed process to be reaped: SIGKILL ends it at once; a longer wait means a zombie."""
+
+HEALTH_CHECK_TIMEOUT_S = 2.0
+"""Limit of one gRPC health Check while waiting for a service to come up."""
+
 # Launcher (agrpo run, the demo)
+
+TRAINER_STOP_EXTRA_S = 30.0
+"""What the launcher adds to trainer.grace_s before killing a stopping trainer: it saves a checkpoint last."""
+
+SERVICE_STOP_GRACE_S = 15.0
+"""How long rollout and reward get to stop after SIGTERM: they hold nothing that must be written."""
+
+VLLM_STOP_GRACE_S = 20.0
+"""How long a vLLM server gets to stop after SIGTERM before it is killed."""
+
+RESTART_BACKOFF_S = 2.0
+"""First pause before `agrpo run` restarts a crashed service; it doubles with each crash in the window."""
+
+RESTART_BACKOFF_MAX_S = 30.0
+"""Cap of that back-off."""
+
+RESTART_WINDOW_S = 600.0
+"""The window in which a service's crashes are counted against launcher.max_restarts."""
 
 STATUS_CALL_TIMEOUT_S = 5.0
 """Limit of the launcher's GetStatus call: a service too busy to answer this fast is polled again later."""

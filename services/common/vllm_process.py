@@ -25,6 +25,16 @@ from pathlib import Path
 
 from agrpo.services.common.affinity import pin_threads
 from agrpo.services.common.lifetime import dying_with_this_process
+from agrpo.services.common.timeouts import (
+    GENERATE_PROBE_TIMEOUT_S,
+    PROCESS_EXIT_WAIT_S,
+    VLLM_GET_TIMEOUT_S,
+    VLLM_PROBE_TIMEOUT_S,
+    VLLM_REQUEST_TIMEOUT_S,
+    VLLM_START_POLL_TIMEOUT_S,
+    VLLM_START_TIMEOUT_S,
+    VLLM_STOP_GRACE_S,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,7 +85,7 @@ def supports_scale_out(python: Path | None = None) -> bool:
     """Whether this vLLM install knows `--enable-scale-out` (0.32 does, 0.26 rejects it)."""
     try:
         out = subprocess.run([str(python or vllm_python()), "-c", _SCALE_OUT_PROBE], capture_output=True,
-                             text=True, timeout=60, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, check=False)
+                             text=True, timeout=VLLM_PROBE_TIMEOUT_S, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and out.stdout.strip() == "True"
@@ -143,7 +153,7 @@ class VLLMServer:
         "--worker-extension-cls", WORKER_EXTENSION,
     )
 
-    def __init__(self, model_dir, port: int | None = None, extra_args=(), startup_timeout: float = 240.0,
+    def __init__(self, model_dir, port: int | None = None, extra_args=(), startup_timeout: float = VLLM_START_TIMEOUT_S,
                  gpu: GpuProfile | None = None, log_path: Path | None = None, cpus: str | None = None,
                  max_model_len: int = 512, kv_cache_gib: float = 0.125, front_cpus: str | None = None):
         self.model_dir = str(Path(model_dir).resolve())  # a relative path reads as a hub id
@@ -215,10 +225,10 @@ class VLLMServer:
         server's first one is many times slower than the rest (docs/measurements/README.md), and
         would otherwise land in the job's first step. Best effort: a server without that route is warmed by its first use."""
         try:
-            model = self.get_json("/v1/models", timeout=10)["data"][0]["id"]
+            model = self.get_json("/v1/models", timeout=VLLM_GET_TIMEOUT_S)["data"][0]["id"]
             self.post_json("/inference/v1/generate", {
                 "request_id": "agrpo-warm-up", "token_ids": [1, 2, 3], "model": model,
-                "sampling_params": {"max_tokens": 2, "temperature": 1.0, "logprobs": 0}}, timeout=60)
+                "sampling_params": {"max_tokens": 2, "temperature": 1.0, "logprobs": 0}}, timeout=GENERATE_PROBE_TIMEOUT_S)
         except (OSError, RuntimeError, ValueError, KeyError, IndexError):
             pass
 
@@ -227,7 +237,7 @@ class VLLMServer:
             if proc.poll() is not None:
                 raise RuntimeError(f"vLLM exited with code {proc.returncode}:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=VLLM_START_POLL_TIMEOUT_S) as r:
                     if r.status == 200:
                         return
             except (urllib.error.URLError, OSError):
@@ -243,7 +253,7 @@ class VLLMServer:
         except OSError:
             return "<no log>"
 
-    def stop(self, grace: float = 20.0) -> None:
+    def stop(self, grace: float = VLLM_STOP_GRACE_S) -> None:
         """SIGTERM the server by PID, then SIGKILL whatever is left of its process group.
 
         Only the API server gets SIGTERM: it shuts EngineCore/worker down itself
@@ -267,7 +277,7 @@ class VLLMServer:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        self.proc.wait(timeout=10)
+        self.proc.wait(timeout=PROCESS_EXIT_WAIT_S)
         self.proc = None
         shutil.rmtree(self.workdir / "cache", ignore_errors=True)  # keep server.log for debugging
 
@@ -278,7 +288,7 @@ class VLLMServer:
         self.stop()
 
     # Small JSON helpers (stdlib only, so tests need no HTTP client dependency).
-    def request(self, method: str, path: str, body=None, timeout: float = 120.0):
+    def request(self, method: str, path: str, body=None, timeout: float = VLLM_REQUEST_TIMEOUT_S):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base_url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})

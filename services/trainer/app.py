@@ -3,8 +3,8 @@
 Which checkpoint to resume from (if any; run_record.py decides: a restart of the same run,
 or resume_from_checkpoint) is settled first, so the ledger the intake checks against is the
 restored one from the start, and the audit log and metrics are rewound to it. `boot()` loads the model and cold-syncs
-every vLLM server (slow, so the gRPC server answers NOT_SERVING meanwhile); `train()`
-runs the loop. No gRPC here: services/trainer/server.py serves this app.
+every vLLM server (slow, so the gRPC server answers NOT_SERVING meanwhile); the server then runs
+`app.loop`. No gRPC here: services/trainer/server.py serves this app.
 """
 
 from __future__ import annotations
@@ -117,12 +117,6 @@ class TrainerApp:
         await self.loop.cold_sync()
         self.ready = True
         log.info("trainer ready at version %d (step %d)", self.state.version, self.state.step)
-
-    async def train(self) -> bool:
-        """Run the loop; True when training is done (not merely stopped)."""
-        assert self.loop is not None  # the server trains only after boot()
-        await self.loop.run()
-        return self.loop.done()
 
     def stop_training(self) -> None:
         """Finish the step in progress, then stop."""

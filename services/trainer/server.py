@@ -5,7 +5,8 @@ checkpoint) -> cold weight sync into every vLLM server (version 1, or the resume
 version) -> SERVING -> train until max_steps / the epoch bound, then report DONE and
 keep serving status until stopped. In-process API for tests:
 `svc = await build(cfg); await svc.start(); ...; await svc.stop()` (`svc.app` is the
-TrainerApp: state, loop, metrics).
+TrainerApp: state, loop, metrics). A step goes server -> TrainerLoop.run -> RankGroup.train_step ->
+Engine.train_step; the app only wires and boots.
 """
 
 from __future__ import annotations
@@ -101,7 +102,10 @@ class TrainerService:
 
     async def _run(self) -> None:
         try:
-            if await self.app.train():
+            loop = self.app.loop
+            assert loop is not None  # _run starts only after boot() built it
+            await loop.run()  # the step path: server -> TrainerLoop -> RankGroup -> Engine
+            if loop.done():
                 self.app.identity.state = common_pb2.SERVING_STATE_DONE
         except StartupError as exc:  # e.g. no usable reward: the run cannot work, one line
             self.failed = exc

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agrpo.services.common import weight_transports
+from agrpo.services.common.timeouts import RESTART_WINDOW_S
 
 WeightTransportName = Literal[("auto", *weight_transports.NAMES)]  # type: ignore[valid-type]
 """auto or a registered transport (services/common/weight_transports.py)."""
@@ -332,7 +333,7 @@ class LauncherSection(Section):
     max_restarts: int = Field(3, ge=0)
     """Crashes of one service within restart_window_s that `agrpo run` restarts; one more
     stops the job with the service's last error."""
-    restart_window_s: float = Field(600.0, gt=0)
+    restart_window_s: float = Field(RESTART_WINDOW_S, gt=0)
     """Window over which crashes are counted."""
     ready_timeout_s: float = Field(900.0, gt=0)
     """How long a service (or the vLLM it starts) may take to become ready."""
