@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import typing
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -93,11 +94,18 @@ def _default(field) -> str:
     return f"`{field.default!r}`"
 
 
+def _section(annotation) -> type[BaseModel] | None:
+    """The section model of a field (`X` or `X | None`), None for a plain key."""
+    for ann in (annotation, *typing.get_args(annotation)):
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            return ann
+    return None
+
+
 def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
     rows = []
     for name, field in model.model_fields.items():
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
+        if _section(field.annotation) is not None:
             continue
         doc = (field.description or "").replace("|", "\\|").replace("\n", " ")
         rows.append(f"| `{prefix}{name}` | {_default(field)} | {doc} |")
@@ -109,10 +117,10 @@ def render() -> str:
     parts = [HEADER, RESUMING, "## Shared keys (AsyncGRPOConfig names and defaults)\n",
              "| key | default | meaning |", "|---|---|---|", *_rows(AgrpoConfig)]
     for name, field in AgrpoConfig.model_fields.items():
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
+        section = _section(field.annotation)
+        if section is not None:
             parts += [f"\n## `{name}:` section\n", (field.description or ""), "",
-                      "| key | default | meaning |", "|---|---|---|", *_rows(ann, f"{name}.")]
+                      "| key | default | meaning |", "|---|---|---|", *_rows(section, f"{name}.")]
     parts += ["\n" + KNOBS_INTRO, *knob_table(), "", KNOB_NOTES.rstrip()]
     parts += ["\n## Accepted for compatibility, default only\n",
               "These TrainingArguments parameters load with TRL's default; any other value is an error.\n",

@@ -22,6 +22,8 @@ from agrpo.rewards import builtin_entry
 from agrpo.services.common.config.model import AgrpoConfig
 from agrpo.services.common.imports import dump_pickled, spawn_sys_path
 
+from .peft_config import peft_section
+
 
 class AsyncGRPOConfig(AgrpoConfig):
     """TRL's AsyncGRPOConfig: every parameter with its name and default (docs/config.md)."""
@@ -60,7 +62,8 @@ class AsyncGRPOTrainer:
 
     def __init__(self, model: str, reward_funcs: Callable | str | list | None = None,
                  args: AgrpoConfig | None = None, train_dataset: Any = None, processing_class: Any = None,
-                 callbacks: list | None = None, optimizers: tuple = (None, None), tools: list | None = None,
+                 callbacks: list | None = None, optimizers: tuple = (None, None), peft_config: Any = None,
+                 tools: list | None = None,
                  environment_factory: Any = None, rollout_worker: Any = None, weight_transfer: Any = None):
         for name, value in (("callbacks", callbacks), ("rollout_worker", rollout_worker),
                             ("weight_transfer", weight_transfer)):
@@ -76,6 +79,7 @@ class AsyncGRPOTrainer:
             list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs])
         self.train_dataset, self.processing_class = train_dataset, processing_class
         self.tools, self.environment_factory = list(tools or []), environment_factory
+        self.peft = peft_section(peft_config) if peft_config is not None else None
         self.api_dir = Path(self.args.resolved_output_dir) / "api"
 
     def _dataset(self) -> dict:
@@ -107,6 +111,8 @@ class AsyncGRPOTrainer:
         if self.reward_funcs:  # agrpo.rewards' functions run as the built-ins they call
             raw["reward_funcs"] = [builtin_entry(f) or {"name": reference(f, self.api_dir, "reward function")}
                                    for f in self.reward_funcs]
+        if self.peft is not None:
+            raw["peft"] = self.peft
         if self.tools:
             raw["tools"] = [reference(t, self.api_dir, "tool") for t in self.tools]
         if self.environment_factory is not None:

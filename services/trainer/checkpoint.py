@@ -1,4 +1,4 @@
-"""Checkpoints: HF model + tokenizer, optimizer, scheduler, RNG, step, version, ledger.
+"""Checkpoints: HF model (or the LoRA adapter) + tokenizer, optimizer, scheduler, RNG, step, version, ledger.
 
 Layout: <output_dir>/checkpoint-<step>/ with the HF files, `optimizer.pt`
 (optimizer, scheduler and RNG states) and `agrpo_state.json` (step, policy version,
@@ -55,9 +55,13 @@ def save(output_dir: str | Path, state: TrainState, model, tokenizer, optimizer,
     tmp = root / f".{PREFIX}{state.step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    from . import lora
+
     full = write_shards(tmp / SHARDS) if write_shards is not None else None
     if full is not None:
         model.save_pretrained(tmp, state_dict={name: t.cpu() for name, t in full})
+    elif lora.has_adapter(model):  # the adapter alone, in peft's format
+        lora.save_adapter(model, tmp, getattr(model, "name_or_path", None))
     else:
         model.save_pretrained(tmp)
     if tokenizer is not None:

@@ -10,6 +10,7 @@ import torch
 
 from agrpo.services.common.config import AgrpoConfig
 
+from . import lora
 from .engine import Engine, EngineConfig
 from .loss import LossConfig
 from .model import autocast_dtype, build_optimizer, build_scheduler, load_model, pick_device
@@ -24,7 +25,12 @@ def build_engine(cfg: AgrpoConfig, model_path: str, shard=None):
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg)
-    model, tokenizer = load_model(cfg, model_path, device)
+    if cfg.peft is not None:  # the base model, then the adapter (a checkpoint's, when resuming)
+        adapter = model_path if lora.is_adapter_dir(model_path) else None
+        model, tokenizer = load_model(cfg, cfg.model if adapter and cfg.model else model_path, device)
+        model = lora.attach(model, cfg.peft, adapter)
+    else:
+        model, tokenizer = load_model(cfg, model_path, device)
     root = shard(model) if shard is not None else model
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer)

@@ -103,10 +103,13 @@ def full_weights_for_sync(model: torch.nn.Module, dtype: torch.dtype | None = No
 
 def weights_for_sync(engine: Engine, dtype: torch.dtype | None = None, dst: int | None = None):
     """What a weight sync sends, sharded or not (single-device: `named_weights`)."""
+    from .lora import has_adapter, merged_weights
     from .weight_sync.transports import named_weights
 
     if _sharded(engine.root):
         return full_weights_for_sync(engine.root, dtype, dst=dst)
+    if has_adapter(engine.model):  # vLLM holds the base model: the adapted layers, merged
+        return merged_weights(engine.model, dtype)
     return named_weights(engine.model, dtype)
 
 

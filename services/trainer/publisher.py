@@ -38,6 +38,7 @@ class WeightPublisher:
         self.record, self.metrics, self.intake, self.ranks = record, metrics, intake, ranks
         self.max_model_len: int | None = None  # the servers', learnt at the cold sync
         self.last_sync: dict[str, float] = {}  # phase seconds of the last sync, for the step log
+        self.last_sync_bytes = 0  # and its payload's size
         self._pushing: asyncio.Task | None = None  # a push overlapping the next step
         self._overlap = (cfg.trainer.overlap_weight_sync and cfg.trainer.resolved_schedule == "async"
                          and syncer.transport.snapshot)
@@ -146,7 +147,7 @@ class WeightPublisher:
             self.metrics.sync_time.labels(phase).observe(secs)
         for err in report.errors.values():
             self.metrics.sync_failures.labels(err.phase).inc()
-        self.last_sync = dict(report.phase_s)
+        self.last_sync, self.last_sync_bytes = dict(report.phase_s), report.nbytes
         return report
 
     def _announce(self, version: int, step: int, synced: list[str], uri: str) -> None:

@@ -49,9 +49,10 @@ class FlopModel:
 
 
 def step_metrics(step_in, stats: dict, *, version: int, ledger, drops, flops: FlopModel,
-                 peak_tflops: float | None, last_sync: dict[str, float], token_budget: int | None = None) -> dict:
+                 peak_tflops: float | None, last_sync: dict[str, float], token_budget: int | None = None,
+                 sync_bytes: int = 0) -> dict:
     """Everything logged for one step: `stats` from the engine, the step's samples, the
-    ledger's and drop counters' totals, and the last weight sync's phase times."""
+    ledger's and drop counters' totals, and the last weight sync's phase times and size."""
     samples = [s for mb in step_in.batches for s in mb.samples]
     forward = sum(mb.num_forward_tokens for mb in step_in.batches)
     raw = sum(len(s) for s in samples)
@@ -86,7 +87,7 @@ def step_metrics(step_in, stats: dict, *, version: int, ledger, drops, flops: Fl
     _sample_metrics(out, samples)
     _collator(out, step_in.batches, token_budget)
     _perf(out, flops, step_in.batches, samples, compute_s, peak_tflops)
-    _sync(out, last_sync)
+    _sync(out, last_sync, sync_bytes)
     return out
 
 
@@ -179,9 +180,11 @@ def _perf(out: dict, flops: FlopModel, batches, samples, compute_s: float, peak:
         out["perf/unshared_mfu"] = 3 * flops.forward_flops(sum(lengths), chains) / compute_s / (peak * 1e12)
 
 
-def _sync(out: dict, last_sync: dict[str, float]) -> None:
+def _sync(out: dict, last_sync: dict[str, float], sync_bytes: int) -> None:
     if last_sync:
         out["perf/weight_sync_s"] = last_sync.get("total", 0.0)
+        if sync_bytes:  # what the transport carried (0 when nothing travels: weight_transport local)
+            out["perf/weight_sync_mb"] = sync_bytes / 2**20
         for phase, secs in last_sync.items():
             if phase != "total":
                 out[f"perf/weight_sync/{phase}_s"] = secs

@@ -31,7 +31,8 @@ class StepReporter:
         g = self.gatherer
         metrics = step_metrics(step_in, stats, version=self.state.version, ledger=self.state.ledger,
                                drops=g.drops, flops=self.flops, peak_tflops=self.cfg.trainer.peak_tflops,
-                               last_sync=self.publisher.last_sync, token_budget=g.token_budget())
+                               last_sync=self.publisher.last_sync, token_budget=g.token_budget(),
+                               sync_bytes=self.publisher.last_sync_bytes)
         self.publisher.last_sync = {}
         self._gauges(metrics)
         step = self.state.step

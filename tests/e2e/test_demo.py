@@ -1,6 +1,7 @@
 """End to end: a shortened `agrpo demo` as separate processes (reward, trainer, rollout over
 gRPC), as a user gets it on this CPU machine (the trainer generates itself, sync schedule) and
-with real vLLM generating (the async schedule). Asserts learning, staleness and exactly-once
+with real vLLM generating (the async schedule), and with a LoRA adapter training while vLLM generates.
+Asserts learning, staleness and exactly-once
 accounting from the run's own outputs (metrics JSONL and the trainer's trained-sample log)."""
 
 from __future__ import annotations
@@ -17,23 +18,45 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.slow]
 NUM_PROMPTS, EPOCHS, MAX_STALENESS = 48, 2, 2
 
 
-@pytest.fixture(scope="module", params=["default", "vllm"])
+LORA = ["--set", "peft.r=16", "--set", "peft.lora_alpha=32", "--set", "peft.target_modules=all-linear"]
+
+
+@pytest.fixture(scope="module", params=["default", "vllm", "lora"])
 def demo_run(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     generation = [] if request.param == "default" else ["--set", "launcher.generation=vllm"]
+    extra = [*LORA, "--learning-rate", "2e-2"] if request.param == "lora" else ["--learning-rate", "5e-3"]
     # A finished earlier run in the same folder: the demo must start over, not resume from it.
     old = out / "trainer_output" / "checkpoint-999"
     old.mkdir(parents=True)
     (old / "agrpo_state.json").write_text('{"step": 999}')  # "complete" to the trainer
     proc = subprocess.run(
         [sys.executable, "-m", "agrpo.cli", "demo", "--epochs", str(EPOCHS),
-         "--num-prompts", str(NUM_PROMPTS), "--learning-rate", "5e-3", "--out", str(out),
-         "--timeout", "900", *generation],
+         "--num-prompts", str(NUM_PROMPTS), "--out", str(out), "--timeout", "900", *generation, *extra],
         capture_output=True, text=True, timeout=1200, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["generation"] == ("trainer" if request.param == "default" else "vllm"), summary
     return out, proc.stdout
+
+
+def test_lora_syncs_merged_adapted_layers_and_checkpoints_the_adapter(demo_run, tiny_model_dir):
+    """With peft set, vLLM receives only the adapted layers (merged), not the whole model, and
+    the checkpoints hold the adapter in peft's format."""
+    out, _ = demo_run
+    if json.loads((out / "summary.json").read_text())["generation"] == "trainer":
+        pytest.skip("the trainer generates itself: no weights travel")
+    checkpoints = sorted((out / "trainer_output").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    lora = (checkpoints[-1] / "adapter_config.json").exists()
+    sizes = [m["perf/weight_sync_mb"] for m in map(json.loads, (out / "metrics.jsonl").open())
+             if "perf/weight_sync_mb" in m]
+    full_mb = sum(f.stat().st_size for f in tiny_model_dir.glob("*.safetensors")) / 2**20
+    assert sizes, "no weight sync was logged"
+    if lora:
+        assert not (checkpoints[-1] / "model.safetensors").exists()
+        assert max(sizes) < 0.6 * full_mb, (max(sizes), full_mb)
+    else:
+        assert min(sizes) > 0.9 * full_mb, (min(sizes), full_mb)
 
 
 def test_demo_reward_rises(demo_run):

@@ -5,6 +5,8 @@
 - A TRL script ported by changing the import, with its reward module beside it, started from
   the project's root (`python jobs/train.py`), and one that puts a folder on sys.path and then
   changes directory: the services load the reward as a spawned child of the script would.
+- The same script with TRL's `peft_config=LoraConfig(...)` trains an adapter, and vLLM receives
+  the adapted layers merged, not the whole model.
 - `agrpo run job.yaml` from another folder finds the module beside job.yaml; a module that
   is nowhere is one line naming the reference and the folders searched.
 """
@@ -49,7 +51,7 @@ def _project(root: Path) -> Path:
     return root
 
 
-def _script(body: str, server, model_dir: Path, out: Path) -> str:
+def _script(body: str, server, model_dir: Path, out: Path, extra: str = "") -> str:
     ports = {name: free_port() for name in ("trainer", "rollout", "reward")}
     return textwrap.dedent(f"""
         import os
@@ -68,7 +70,7 @@ def _script(body: str, server, model_dir: Path, out: Path) -> str:
                                    rollout={{"port": {ports["rollout"]}, "metrics_port": None}},
                                    reward={{"port": {ports["reward"]}, "metrics_port": None, "num_workers": 1}})
             AsyncGRPOTrainer(model={str(model_dir)!r}, reward_funcs=digit_reward, train_dataset=dataset,
-                             args=args).train()
+                             args=args{extra}).train()
             print("TRAINED")
     """)
 
@@ -93,6 +95,23 @@ def test_a_ported_script_trains_beside_its_own_services_package(shared, tiny_mod
     config = yaml.safe_load((tmp_path / "out" / "api" / "agrpo.yaml").read_text())
     assert config["reward_funcs"] == [{"name": "my_rewards:digit_reward"}]  # by reference, not a pickle
     assert str(project / "jobs") in config["sys_path"]
+
+
+def test_a_ported_script_with_peft_config_trains_an_adapter(shared, tiny_model_dir, tmp_path):
+    project = _project(tmp_path / "project")
+    script = project / "jobs" / "train.py"
+    body = "from my_rewards import digit_reward\n        from peft import LoraConfig"
+    lora = ", peft_config=LoraConfig(r=8, lora_alpha=16, target_modules='all-linear', task_type='CAUSAL_LM')"
+    script.write_text(_script(body, shared, tiny_model_dir, tmp_path / "out", lora))
+    r = _run([sys.executable, "jobs/train.py"], cwd=project)
+    assert r.returncode == 0 and "TRAINED" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    assert _steps(tmp_path / "out") == [1, 2]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    sent = [row["perf/weight_sync_mb"] for row in rows if "perf/weight_sync_mb" in row]
+    full_mb = sum(f.stat().st_size for f in tiny_model_dir.glob("*.safetensors")) / 2**20
+    assert sent and max(sent) < 0.6 * full_mb, (sent, full_mb)  # the adapted layers, not the model
+    final = max((tmp_path / "out").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert (final / "adapter_config.json").exists() and not (final / "model.safetensors").exists()
 
 
 def test_a_script_that_extends_sys_path_then_changes_directory_trains(shared, tiny_model_dir, tmp_path):

@@ -12,6 +12,7 @@ from .sections import (
     AuthConfig,
     DatasetConfig,
     LauncherSection,
+    PeftSection,
     RewardFunctionConfig,
     RewardSection,
     RolloutSection,
@@ -52,6 +53,11 @@ class AgrpoConfig(GRPOArgs):
     """The reward service."""
     launcher: LauncherSection = Field(default_factory=LauncherSection)
     """What `agrpo run` starts and how."""
+    peft: PeftSection | None = None
+    """LoRA adapters, with peft's LoraConfig names and defaults (the Python API's peft_config);
+    None: full fine-tuning. Only the adapter trains (and its optimizer state is what a checkpoint
+    keeps, beside the adapter in peft's format); a weight sync sends the adapted layers with the
+    adapter merged in, not the frozen rest. One trainer process for now (no FSDP); DoRA is refused."""
     sys_path: list[str] = Field(default_factory=list)
     """Folders put first on every service's sys.path before user code (reward functions, tools,
     environments) loads, as multiprocessing's spawn hands a child its parent's sys.path: the
@@ -88,6 +94,9 @@ class AgrpoConfig(GRPOArgs):
             raise ValueError("trainer.weight_transport=local: the trainer serves generation itself at the one "
                              "vllm_server_base_url, from one trainer process (trainer.num_processes 1)")
         self._sync_keys_the_transport_reads()
+        if self.peft is not None and (self.trainer.num_processes > 1 or self.trainer.fsdp):
+            raise ValueError("peft: LoRA trains on one trainer process for now (trainer.num_processes 1, "
+                             "trainer.fsdp false)")
         if self.use_liger_kernel:
             raise ValueError("use_liger_kernel: not supported (as in TRL's async trainer)")
         if self.lr_scheduler_type not in ("constant", "constant_with_warmup") and self.max_steps <= 0:

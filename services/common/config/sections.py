@@ -339,6 +339,39 @@ class LauncherSection(Section):
     """How long a service (or the vLLM it starts) may take to become ready."""
 
 
+class PeftSection(Section):
+    """LoRA adapters (`peft:` in YAML; the Python API's peft_config): peft's LoraConfig names and
+    defaults. The trainer trains only the adapter; a weight sync sends each adapted layer's
+    weight with its adapter merged in, and checkpoints hold the adapter (services/trainer/lora.py)."""
+
+    r: int = Field(8, ge=1)
+    """Rank of the adapter matrices."""
+    lora_alpha: float = Field(8, gt=0)
+    """Scale numerator: the update is lora_alpha / r x B A (lora_alpha / sqrt(r) with use_rslora)."""
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input while training."""
+    target_modules: str | list[str] | None = None
+    """Module names (or a regex, or 'all-linear') to adapt; None: peft's default for the model type."""
+    exclude_modules: str | list[str] | None = None
+    """Module names (or a regex) never adapted."""
+    bias: Literal["none", "all", "lora_only"] = "none"
+    """Which biases train besides the adapter."""
+    use_rslora: bool = False
+    """Rank-stabilised scaling (lora_alpha / sqrt(r))."""
+    modules_to_save: list[str] | None = None
+    """Modules trained in full beside the adapter (e.g. a new head)."""
+    layers_to_transform: int | list[int] | None = None
+    """Only these layer indices get adapters."""
+    init_lora_weights: bool | Literal["gaussian"] = True
+    """peft's initialisation: B = 0, so training starts from the base model."""
+    task_type: Literal["CAUSAL_LM"] | None = None
+    """Accepted for peft's spelling; the trainer always trains a causal LM."""
+
+    def lora_kwargs(self) -> dict[str, Any]:
+        """peft.LoraConfig's keyword arguments."""
+        return self.model_dump(exclude={"task_type"})
+
+
 class DatasetConfig(Section):
     """The prompt dataset, loaded with `datasets.load_dataset`."""
 

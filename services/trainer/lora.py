@@ -1,0 +1,122 @@
+"""LoRA on the trainer's model (config `peft:`): attach an adapter, publish it, save and restore it.
+
+Why in place: peft's inject_adapter_in_model swaps each targeted Linear for a LoRA layer inside
+the HF model, so the module tree that the engine, the compiler and the generator walk
+(model.model.layers...) stays as it is, and only the adapter's tensors require grad.
+
+What a weight sync sends: vLLM serves the base model it loaded at its start, so a version is each
+adapted layer's base weight with its adapter merged in (W + scale x B A) under the base model's
+name, plus any other tensor that trains (biases with bias != none, modules_to_save); never the
+frozen rest. The merge is out of place: the trainer's base weights are never written, so nothing
+drifts however many versions are published.
+
+Checkpoints hold the adapter in peft's own format (adapter_config.json and
+adapter_model.safetensors), so `PeftModel.from_pretrained(base, checkpoint)` reads one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .weight_sync.transports import hf_name
+
+ADAPTER = "default"
+"""peft's adapter name: the trainer trains one adapter."""
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+"""What PeftModel puts before a tensor's name in an adapter file."""
+_WRAPPERS = (".base_layer", "modules_to_save.default.")
+_ADAPTER_TENSORS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.", ".lora_magnitude_vector.")
+
+
+def attach(model: torch.nn.Module, section, adapter_dir: str | Path | None = None) -> torch.nn.Module:
+    """Inject a LoRA adapter as `section` (the config's PeftSection) says; its weights from
+    `adapter_dir` (a checkpoint) when given, else peft's initialisation (B = 0: the base model)."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    config = LoraConfig(task_type="CAUSAL_LM", **section.lora_kwargs())
+    model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    if not any(True for _ in adapted_layers(model)):
+        raise ValueError(f"peft.target_modules={section.target_modules!r} matches no layer of the model")
+    if adapter_dir is not None:
+        load_adapter(model, adapter_dir)
+    return model
+
+
+def has_adapter(model: torch.nn.Module) -> bool:
+    """Whether `model` carries a LoRA adapter (attach ran)."""
+    return any(True for _ in adapted_layers(model))
+
+
+def adapted_layers(model: torch.nn.Module):
+    """(name, LoRA layer) for every layer that carries the adapter."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
+            yield name, module
+
+
+def base_name(name: str) -> str:
+    """A tensor's name in the base model (what vLLM loads): wrapper and peft infixes removed."""
+    name = hf_name(name)
+    for infix in _WRAPPERS:
+        name = name.replace(infix, "")
+    return name
+
+
+def merged_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> list[tuple[str, torch.Tensor]]:
+    """What a sync sends: each adapted layer's weight with the adapter merged in, then every other
+    trainable tensor, under base-model names; optionally cast."""
+    out = []
+    with torch.no_grad():
+        for name, layer in adapted_layers(model):
+            out.append((base_name(f"{name}.weight"), layer.get_base_layer().weight + layer.get_delta_weight(ADAPTER)))
+        for name, p in model.named_parameters():
+            if p.requires_grad and not any(t in name for t in _ADAPTER_TENSORS):
+                out.append((base_name(name), p.detach()))
+    return [(n, (t if dtype is None else t.to(dtype)).contiguous()) for n, t in out]
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter's tensors (and other trainable ones) as peft saves them."""
+    from peft import get_peft_model_state_dict
+
+    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
+    return {PEFT_PREFIX + k: v.detach().cpu().contiguous() for k, v in state.items()}
+
+
+def save_adapter(model: torch.nn.Module, folder: str | Path, base_model: str | None) -> None:
+    """adapter_config.json and adapter_model.safetensors in `folder`, in peft's format."""
+    from safetensors.torch import save_file
+
+    config = model.peft_config[ADAPTER]
+    config.base_model_name_or_path = base_model
+    config.save_pretrained(str(folder))
+    save_file(adapter_state(model), str(Path(folder) / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+
+
+def load_adapter(model: torch.nn.Module, folder: str | Path) -> None:
+    """Put a saved adapter's weights into the injected one (one-line error when they do not fit)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(folder) / ADAPTER_WEIGHTS))
+    try:
+        result: Any = set_peft_model_state_dict(  # torch's load_state_dict result (typed loosely by peft)
+            model, {k.removeprefix(PEFT_PREFIX): v for k, v in state.items()}, adapter_name=ADAPTER)
+    except RuntimeError as exc:  # shapes differ: another r or target set
+        raise ValueError(f"{folder}: the adapter does not fit the peft config (saved with another r?)") from exc
+    missing = [k for k in result.missing_keys if any(t in k for t in _ADAPTER_TENSORS)]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"{folder}: the adapter does not fit the peft config "
+                         f"({len(missing)} tensors missing, {len(result.unexpected_keys)} unexpected)")
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """Whether a folder holds a saved adapter (a LoRA checkpoint)."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
