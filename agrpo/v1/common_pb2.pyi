@@ -124,7 +124,7 @@ class RolloutSample(_message.Message):
     def __init__(self, sample_id: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_key: _Optional[_Union[PromptKey, _Mapping]] = ..., policy_version: _Optional[int] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., input_ids: _Optional[_Iterable[int]] = ..., completion_mask: _Optional[_Iterable[int]] = ..., behavior_logprobs: _Optional[_Iterable[float]] = ..., prompt_length: _Optional[int] = ..., advantage: _Optional[float] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., generation_index: _Optional[int] = ..., row_index: _Optional[int] = ..., prompt_text: _Optional[str] = ..., completion_text: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., producer_id: _Optional[str] = ..., reward_errors: _Optional[_Mapping[str, str]] = ..., group_size: _Optional[int] = ...) -> None: ...
 
 class PolicyVersion(_message.Message):
-    __slots__ = ("version", "step", "weight_label", "transport", "weights_uri", "synced_servers", "published_at", "max_staleness", "lineage")
+    __slots__ = ("version", "step", "weight_label", "transport", "weights_uri", "synced_servers", "published_at", "max_staleness", "lineage", "lora_adapter")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_LABEL_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,7 @@ class PolicyVersion(_message.Message):
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     version: int
     step: int
     weight_label: str
@@ -143,7 +144,8 @@ class PolicyVersion(_message.Message):
     published_at: _timestamp_pb2.Timestamp
     max_staleness: int
     lineage: _containers.RepeatedCompositeFieldContainer[LineageSegment]
-    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., weight_label: _Optional[str] = ..., transport: _Optional[_Union[WeightTransport, str]] = ..., weights_uri: _Optional[str] = ..., synced_servers: _Optional[_Iterable[str]] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_staleness: _Optional[int] = ..., lineage: _Optional[_Iterable[_Union[LineageSegment, _Mapping]]] = ...) -> None: ...
+    lora_adapter: str
+    def __init__(self, version: _Optional[int] = ..., step: _Optional[int] = ..., weight_label: _Optional[str] = ..., transport: _Optional[_Union[WeightTransport, str]] = ..., weights_uri: _Optional[str] = ..., synced_servers: _Optional[_Iterable[str]] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_staleness: _Optional[int] = ..., lineage: _Optional[_Iterable[_Union[LineageSegment, _Mapping]]] = ..., lora_adapter: _Optional[str] = ...) -> None: ...
 
 class LineageSegment(_message.Message):
     __slots__ = ("first_version", "last_version", "first_index")

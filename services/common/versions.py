@@ -34,6 +34,15 @@ def sample_version(policy_version: int, span_versions: Iterable[int]) -> int:
     return min(sample_versions(policy_version, span_versions))
 
 
+ADAPTER_PREFIX = "agrpo-v"
+"""A LoRA version's adapter name in vLLM is this + the version (vllm_plugin/agrpo_vllm_plugin/adapters.py)."""
+
+
+def adapter_name(version: int) -> str:
+    """The vLLM adapter name that serves policy `version` under adapter-only sync."""
+    return f"{ADAPTER_PREFIX}{version}"
+
+
 @overload
 def label_to_version(label: str | None, fallback: int) -> int: ...
 @overload

@@ -81,6 +81,17 @@ def vllm_python() -> Path:
     return Path(found or value)
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM's --max-lora-rank accepts."""
+
+
+def lora_args(rank: int, slots: int) -> tuple[str, ...]:
+    """vLLM's flags for a LoRA trainer's adapter-only sync: adapters of `rank`, `slots` at once
+    (max_staleness + 2). VLLMServer adds VLLM_ALLOW_RUNTIME_LORA_UPDATING when they are given."""
+    fitting = next((r for r in LORA_RANKS if r >= rank), rank)
+    return ("--enable-lora", "--max-lora-rank", str(fitting), "--max-loras", str(slots))
+
+
 def supports_scale_out(python: Path | None = None) -> bool:
     """Whether this vLLM install knows `--enable-scale-out` (0.32 does, 0.26 rejects it)."""
     try:
@@ -188,6 +199,8 @@ class VLLMServer:
     def env_updates(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """The variables this server sets on top of `base` (dev mode, threads, GPU pinning)."""
         updates = dict(HF_HUB_OFFLINE="1", VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1", OMP_NUM_THREADS="1")
+        if "--enable-lora" in self.extra_args:  # adapters loaded at run time (trainer/weight_sync/adapter_sync.py)
+            updates.update(VLLM_ALLOW_RUNTIME_LORA_UPDATING="1", AGRPO_LORA_DIR=str(self.workdir / "lora"))
         if self.gpu:
             updates.update(self.gpu.env(dict(base if base is not None else os.environ)))
         elif self.cpus:
@@ -279,7 +292,8 @@ class VLLMServer:
             pass
         self.proc.wait(timeout=PROCESS_EXIT_WAIT_S)
         self.proc = None
-        shutil.rmtree(self.workdir / "cache", ignore_errors=True)  # keep server.log for debugging
+        for folder in ("cache", "lora"):  # keep server.log for debugging
+            shutil.rmtree(self.workdir / folder, ignore_errors=True)
 
     def __enter__(self) -> VLLMServer:
         return self.start()

@@ -234,9 +234,9 @@ class RolloutApp:
         else:
             self.engine.drop_key(key, reason)
 
-    def on_version(self, version: int) -> None:
+    def on_version(self, version: int, adapter: str = "") -> None:
         if self.engine:
-            self.engine.on_version(version)
+            self.engine.on_version(version, adapter)
 
     def on_lineage(self, lineage) -> None:
         if self.engine:
@@ -245,7 +245,7 @@ class RolloutApp:
     def on_policy(self, policy) -> None:
         """A PolicyVersion from WatchPolicy: its lineage first, then its number."""
         self.on_lineage(lineage_from_proto(policy.lineage))
-        self.on_version(int(policy.version))
+        self.on_version(int(policy.version), policy.lora_adapter)
 
     def is_stale(self, version: int) -> bool:
         return self.engine.is_stale(version) if self.engine else False

@@ -71,21 +71,22 @@ class Balancer:
                 await self._changed.wait()
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
-                       request_id: str, cache_salt: str | None = None) -> Completion:
+                       request_id: str, cache_salt: str | None = None, adapter: str = "") -> Completion:
         """One completion from some server (`sampling.n` is 1)."""
-        return (await self.generate_all(prompt_ids, sampling, request_id, cache_salt))[0]
+        return (await self.generate_all(prompt_ids, sampling, request_id, cache_salt, adapter))[0]
 
     async def generate_all(self, prompt_ids: list[int], sampling: SamplingConfig,
-                           request_id: str, cache_salt: str | None = None) -> list[Completion]:
+                           request_id: str, cache_salt: str | None = None, adapter: str = "") -> list[Completion]:
         """The `sampling.n` completions of one request, from some server; GenerationFailed after
-        `retries` attempts."""
+        `retries` attempts. `adapter`: the LoRA adapter to generate with (VLLMClient.generate_all)."""
         last: Exception | None = None
         refused = True
         for attempt in range(self.retries):
             server = await self._pick()
             server.outstanding += sampling.n
             try:
-                outs = await server.client.generate_all(prompt_ids, sampling, f"{request_id}-a{attempt}", cache_salt)
+                outs = await server.client.generate_all(prompt_ids, sampling, f"{request_id}-a{attempt}", cache_salt,
+                                                        adapter)
             except VLLMError as exc:
                 last, refused = exc, refused and exc.request_refused
                 if not exc.request_refused:  # one refused request (e.g. 400) leaves the server up

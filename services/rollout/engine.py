@@ -75,6 +75,7 @@ class Engine:
         self.sampling = SamplingConfig(cfg.max_completion_length, cfg.temperature, cfg.top_p, cfg.top_k,
                                        cfg.min_p, cfg.repetition_penalty)
         self.version = 0
+        self.adapter = ""  # the LoRA adapter serving self.version (adapter-only sync), else ""
         self.lineage = Lineage()  # the trainer's: which versions still name weights, and how far apart
         self.inflight_requests = 0
         self.generating: dict[str, Group] = {}
@@ -155,7 +156,7 @@ class Engine:
 
     def _launch(self, key: tuple[int, int]) -> None:
         gid = f"{key[1]}-{key[0]}-{uuid.uuid4().hex[:8]}"
-        group = Group(key, gid, self.version, slots=self.G)
+        group = Group(key, gid, self.version, slots=self.G, adapter=self.adapter)
         self.inflight_requests += self.G  # reserved now, released as each request ends
         self.idle.start(busy=True)
         self.idle.busy(True)
@@ -238,11 +239,14 @@ class Engine:
                     "off_lineage")
         self.sender.drop_off_lineage(lineage)
 
-    def on_version(self, version: int) -> None:
-        """A newer policy: abort in-flight groups it makes too stale, sweep the send buffer."""
+    def on_version(self, version: int, adapter: str = "") -> None:
+        """A newer policy (and the LoRA adapter that serves it, if any): abort in-flight groups it
+        makes too stale, sweep the send buffer."""
+        if version == self.version and adapter:
+            self.adapter = adapter  # the announcement of a version a resume point named first
         if version <= self.version:
             return
-        self.version = version
+        self.version, self.adapter = version, adapter
         self.metrics.policy_version.set(version)
         log.info("policy version %d", version, extra={"policy_version": version})
         self._abort([g for g in self.generating.values() if self.is_stale(g.dispatch_version)], "stale_inflight")

@@ -27,6 +27,9 @@ class Group:
     task: asyncio.Task | None = None
     slots: int = 0
     """In-flight slots this group still holds (one per unfinished request)."""
+    adapter: str = ""
+    """The LoRA adapter of dispatch_version, which every request of the group names (adapter-only
+    sync: PolicyVersion.lora_adapter); "" when the servers hold full weights."""
 
     def request_id(self, i: int) -> str:
         """vLLM request id of generation i (turns add their own suffix)."""

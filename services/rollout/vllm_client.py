@@ -181,22 +181,24 @@ class VLLMClient:
             return None
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
-                       request_id: str, cache_salt: str | None = None) -> Completion:
+                       request_id: str, cache_salt: str | None = None, adapter: str = "") -> Completion:
         """One completion (`sampling.n` is 1); raises VLLMError on any failure."""
-        return (await self.generate_all(prompt_ids, sampling, request_id, cache_salt))[0]
+        return (await self.generate_all(prompt_ids, sampling, request_id, cache_salt, adapter))[0]
 
     async def generate_all(self, prompt_ids: list[int], sampling: SamplingConfig,
-                           request_id: str, cache_salt: str | None = None) -> list[Completion]:
+                           request_id: str, cache_salt: str | None = None, adapter: str = "") -> list[Completion]:
         """The `sampling.n` completions of one request; raises VLLMError on any failure, and
         VLLMIncompatible when the server answers fewer. Requests share cached prompt KV only under
-        the same `cache_salt`."""
+        the same `cache_salt`. `adapter` names the LoRA adapter of one policy version (adapter-only
+        sync): every token is that version's, so the server's weight-label spans are not read."""
         salt = {"cache_salt": cache_salt} if cache_salt else {}
+        model = adapter or self.model
         t0 = time.monotonic()
         try:
             if self.info is not None and self.info.has_generate:
-                outs = await self._generate_tokens(prompt_ids, sampling, request_id, salt)
+                outs = await self._generate_tokens(prompt_ids, sampling, request_id, model, salt)
             else:
-                outs = await self._completions(prompt_ids, sampling, request_id, salt)
+                outs = await self._completions(prompt_ids, sampling, request_id, model, salt)
         except (TimeoutError, aiohttp.ClientError, OSError, KeyError, TypeError, ValueError) as exc:
             status = exc.status if isinstance(exc, aiohttp.ClientResponseError) else None
             raise VLLMError(f"{self.base_url}: {type(exc).__name__}: {exc}", status) from exc
@@ -205,6 +207,8 @@ class VLLMClient:
         latency = time.monotonic() - t0
         for out in outs:
             out.latency_s, out.server = latency, self.base_url
+            if adapter:
+                out.spans = []
             if len(out.logprobs) != len(out.token_ids):
                 raise VLLMError(f"{self.base_url}: {len(out.token_ids)} tokens but {len(out.logprobs)} logprobs")
         return outs
@@ -225,20 +229,20 @@ class VLLMClient:
                 raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message=text)
             return await r.json(content_type=None)
 
-    async def _generate_tokens(self, prompt_ids, sampling, request_id, extra: dict) -> list[Completion]:
+    async def _generate_tokens(self, prompt_ids, sampling, request_id, model, extra: dict) -> list[Completion]:
         # Token ids in and out: vLLM's API server need not decode every token of every request
         # into text nobody reads (rollout decodes the finished completion once). That work sits on
         # the API server's core (docs/measurements/async-measurements.md, "detokenize").
         params = {**sampling.params(), "logprobs": 0, "detokenize": False}
         data = await self._post("/inference/v1/generate", {
             "request_id": request_id, "token_ids": prompt_ids, "sampling_params": params,
-            "model": self.model, **extra})
+            "model": model, **extra})
         return [_completion(c, [float(x["logprob"]) for x in (c.get("logprobs") or {}).get("content") or []])
                 for c in _in_order(data["choices"])]
 
-    async def _completions(self, prompt_ids, sampling, request_id, extra: dict) -> list[Completion]:
+    async def _completions(self, prompt_ids, sampling, request_id, model, extra: dict) -> list[Completion]:
         data = await self._post("/v1/completions", {
-            "model": self.model, "prompt": prompt_ids, "logprobs": 0,
+            "model": model, "prompt": prompt_ids, "logprobs": 0,
             "return_token_ids": True, "request_id": request_id, **sampling.params(), **extra})
         return [_completion(c, [float(x) for x in (c.get("logprobs") or {}).get("token_logprobs") or []])
                 for c in _in_order(data["choices"])]

@@ -120,3 +120,35 @@ def load_adapter(model: torch.nn.Module, folder: str | Path) -> None:
 def is_adapter_dir(path: str | Path) -> bool:
     """Whether a folder holds a saved adapter (a LoRA checkpoint)."""
     return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_tensors(model: torch.nn.Module, dtype: torch.dtype | None = None) -> list[tuple[str, torch.Tensor]]:
+    """What an adapter-only sync sends: the adapter's tensors under peft's file names, on their
+    device, optionally cast."""
+    from peft import get_peft_model_state_dict
+
+    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
+    return [(PEFT_PREFIX + k, (v.detach() if dtype is None else v.detach().to(dtype)).contiguous())
+            for k, v in state.items()]
+
+
+def adapter_config_json(model: torch.nn.Module, base_model: str | None) -> str:
+    """The adapter's adapter_config.json, as peft writes it."""
+    import json
+
+    config = model.peft_config[ADAPTER].to_dict()
+    config["base_model_name_or_path"] = base_model
+    return json.dumps(config, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else str(o))
+
+
+def adapter_sync_blocker(model: torch.nn.Module, section) -> str | None:
+    """Why vLLM could not serve this adapter as an adapter (so the merged layers are synced
+    instead), or None: vLLM's LoRA takes plain adapters on linear layers only."""
+    if section.bias != "none":
+        return f"peft.bias={section.bias}"
+    if section.modules_to_save:
+        return "peft.modules_to_save"
+    embedded = [n for n, _ in adapted_layers(model) if n.split(".")[-1] in ("embed_tokens", "lm_head")]
+    if embedded:
+        return f"an adapter on {embedded[0]}"
+    return None

@@ -23,6 +23,8 @@ class PolicyInfo:
     weights_uri: str = ""
     synced_servers: tuple[str, ...] = ()
     lineage: Lineage = field(default_factory=Lineage)
+    lora_adapter: str = ""
+    """The vLLM adapter serving this version (adapter-only LoRA sync); "" for full weights."""
 
 
 class PolicyBoard:
@@ -33,8 +35,9 @@ class PolicyBoard:
         self._watchers: set[asyncio.Queue] = set()
 
     def publish(self, version: int, step: int, synced: list[str], transport: str, uri: str = "",
-                lineage: Lineage | None = None) -> PolicyInfo:
-        info = PolicyInfo(version, step, str(version), transport, uri, tuple(synced), lineage or Lineage())
+                lineage: Lineage | None = None, lora_adapter: str = "") -> PolicyInfo:
+        info = PolicyInfo(version, step, str(version), transport, uri, tuple(synced), lineage or Lineage(),
+                          lora_adapter)
         self.current = info
         for q in self._watchers:
             while not q.empty():

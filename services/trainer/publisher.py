@@ -17,7 +17,7 @@ from functools import partial
 from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.timeouts import COLD_SYNC_RETRY_S
-from agrpo.services.common.versions import Lineage, label_to_version
+from agrpo.services.common.versions import Lineage, adapter_name, label_to_version
 
 from .intake import Intake
 from .metrics import TrainerMetrics
@@ -134,10 +134,14 @@ class WeightPublisher:
             self.last_sync = dict(report.phase_s)
             if report.synced:
                 self.board.publish(self.state.version, self.state.version_step, list(self.syncer.urls),
-                                   self.syncer.transport.name, report.uri, self.state.lineage)
+                                   self.syncer.transport.name, report.uri, self.state.lineage,
+                                   self._adapter(self.state.version))
 
     def _prepare_payload(self, version: int):
-        named = self.ranks.weights(wire_dtype(self.cfg.trainer.sync_dtype))  # gathered, then sent alone
+        dtype = wire_dtype(self.cfg.trainer.sync_dtype)
+        if self.syncer.payload == "adapter":  # a LoRA adapter, for servers that serve it as one
+            return self.syncer.transport.prepare(self.ranks.adapter(dtype), version)
+        named = self.ranks.weights(dtype)  # gathered, then sent alone
         return self.syncer.transport.prepare(named, version)
 
     async def _sync(self, version: int, urls: list[str] | None = None):
@@ -150,9 +154,14 @@ class WeightPublisher:
         self.last_sync, self.last_sync_bytes = dict(report.phase_s), report.nbytes
         return report
 
+    def _adapter(self, version: int) -> str:
+        """The adapter name rollout must request for `version` ("" when full weights are synced)."""
+        return adapter_name(version) if self.syncer.payload == "adapter" else ""
+
     def _announce(self, version: int, step: int, synced: list[str], uri: str) -> None:
         self.metrics.policy_version.set(version)
-        self.board.publish(version, step, synced, self.syncer.transport.name, uri, self.state.lineage)
+        self.board.publish(version, step, synced, self.syncer.transport.name, uri, self.state.lineage,
+                           self._adapter(version))
         log.info("policy version %d published (step %d, servers %s)", version, step, synced)
 
 

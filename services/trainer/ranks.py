@@ -251,6 +251,13 @@ class RankGroup:
         """The full (HF-named) weights on rank 0, gathered unit by unit on every rank."""
         return self._together("weights", lambda: gather_weights(self.engine, dtype), dtype)
 
+    def adapter(self, dtype):
+        """The LoRA adapter's tensors (peft: trains on one rank, so no gathering)."""
+        from .lora import adapter_tensors
+
+        assert self.engine is not None and self.world.size == 1  # config: peft needs num_processes 1
+        return adapter_tensors(self.engine.model, dtype)
+
     @property
     def sharded(self) -> bool:
         return self.engine is not None and _sharded(self.engine)

@@ -138,7 +138,8 @@ class TrainerServicer(trainer_grpc.TrainerServiceServicer):
                     version=info.version, step=info.step, weight_label=info.weight_label,
                     transport=_transport_enum(info.transport), weights_uri=info.weights_uri,
                     synced_servers=list(info.synced_servers), published_at=now_timestamp(),
-                    max_staleness=self.app.cfg.max_staleness, lineage=lineage_to_proto(info.lineage))
+                    max_staleness=self.app.cfg.max_staleness, lineage=lineage_to_proto(info.lineage),
+                    lora_adapter=info.lora_adapter)
                 yield trainer_pb.WatchPolicyResponse(policy=policy)
         finally:
             self.app.board.unsubscribe(queue)

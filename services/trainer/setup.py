@@ -11,10 +11,11 @@ from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.preflight import StartupError
 
-from . import checkpoint
+from . import checkpoint, lora
 from .loop import TrainerLoop
 from .metrics import StepLogger
 from .weight_sync import WeightSyncer
+from .weight_sync.adapter_sync import AdapterPlan, AdapterSync
 from .weight_sync.base import WeightTransport
 
 log = get_logger("trainer.setup")
@@ -45,6 +46,15 @@ def local_syncer(cfg: AgrpoConfig, model: torch.nn.Module, tokenizer):
     return LocalSyncer(cfg.vllm_urls[0], model, stops, cfg.max_model_len_for(limit), str(cfg.model), cfg.seed)
 
 
+def adapter_sync(cfg: AgrpoConfig, model: torch.nn.Module, transport_name: str) -> AdapterSync | None:
+    """A LoRA trainer's adapter-only sync (decided against the servers at the first sync)."""
+    if cfg.peft is None:
+        return None
+    plan = AdapterPlan(lora.adapter_config_json(model, cfg.model), cfg.peft.r, cfg.max_staleness + 2,
+                       lora.adapter_sync_blocker(model, cfg.peft))
+    return AdapterSync(plan, transport_name)
+
+
 def build_loop(app) -> TrainerLoop:
     """Everything the loop needs; the model (and optimizer) from `app.resumed_from` when
     the app restored its state from that checkpoint, on every rank (app.ranks)."""
@@ -57,10 +67,13 @@ def build_loop(app) -> TrainerLoop:
     if ckpt is not None and shards is None and not checkpoint.restore_optimizer(ckpt, engine.optimizer,
                                                                                   engine.scheduler):
         log.warning("%s holds no optimizer state (save_only_model): optimizer starts fresh", ckpt)
-    syncer = local_syncer(cfg, engine.model, tokenizer) if cfg.trainer.weight_transport == "local" else \
-        WeightSyncer(cfg.vllm_urls, make_transport(cfg, device), cfg.weight_sync_phase_timeout,
-                     cfg.weight_sync_timeout, load_mode=cfg.trainer.weight_load,
-                     recompute_in_flight=cfg.trainer.recompute_in_flight, swap=cfg.trainer.weight_swap)
+    if cfg.trainer.weight_transport == "local":
+        syncer = local_syncer(cfg, engine.model, tokenizer)
+    else:
+        transport = make_transport(cfg, device)
+        syncer = WeightSyncer(cfg.vllm_urls, transport, cfg.weight_sync_phase_timeout, cfg.weight_sync_timeout,
+                              load_mode=cfg.trainer.weight_load, recompute_in_flight=cfg.trainer.recompute_in_flight,
+                              swap=cfg.trainer.weight_swap, adapters=adapter_sync(cfg, engine.model, transport.name))
     step_log = StepLogger(app.metrics_file, cfg.logging_steps, cfg.report_to, cfg.run_name, cfg.logging_dir, cfg.project)
     return TrainerLoop(cfg, engine, tokenizer, syncer, app.state, app.buffer, app.intake, app.board,
                        app.metrics, step_log, app.record, app.ranks)

@@ -40,9 +40,10 @@ def demo_run(request, tmp_path_factory):
     return out, proc.stdout
 
 
-def test_lora_syncs_merged_adapted_layers_and_checkpoints_the_adapter(demo_run, tiny_model_dir):
-    """With peft set, vLLM receives only the adapted layers (merged), not the whole model, and
-    the checkpoints hold the adapter in peft's format."""
+def test_lora_syncs_the_adapter_alone_and_checkpoints_it(demo_run, tiny_model_dir):
+    """With peft set, the demo's vLLM takes adapters at run time and receives the adapter alone
+    (not the model, nor the adapted layers merged: those are 0.53 of this model), and the
+    checkpoints hold the adapter in peft's format."""
     out, _ = demo_run
     if json.loads((out / "summary.json").read_text())["generation"] == "trainer":
         pytest.skip("the trainer generates itself: no weights travel")
@@ -54,7 +55,7 @@ def test_lora_syncs_merged_adapted_layers_and_checkpoints_the_adapter(demo_run, 
     assert sizes, "no weight sync was logged"
     if lora:
         assert not (checkpoints[-1] / "model.safetensors").exists()
-        assert max(sizes) < 0.6 * full_mb, (max(sizes), full_mb)
+        assert max(sizes) < 0.25 * full_mb, (max(sizes), full_mb)
     else:
         assert min(sizes) > 0.9 * full_mb, (min(sizes), full_mb)
 

@@ -5,8 +5,8 @@
 - A TRL script ported by changing the import, with its reward module beside it, started from
   the project's root (`python jobs/train.py`), and one that puts a folder on sys.path and then
   changes directory: the services load the reward as a spawned child of the script would.
-- The same script with TRL's `peft_config=LoraConfig(...)` trains an adapter, and vLLM receives
-  the adapted layers merged, not the whole model.
+- The same script with TRL's `peft_config=LoraConfig(...)` trains an adapter; the vLLM it starts
+  takes adapters at run time and receives the adapter alone, not the model.
 - `agrpo run job.yaml` from another folder finds the module beside job.yaml; a module that
   is nowhere is one line naming the reference and the folders searched.
 """
@@ -51,7 +51,7 @@ def _project(root: Path) -> Path:
     return root
 
 
-def _script(body: str, server, model_dir: Path, out: Path, extra: str = "") -> str:
+def _script(body: str, server, model_dir: Path, out: Path, extra: str = "", url: str = "") -> str:
     ports = {name: free_port() for name in ("trainer", "rollout", "reward")}
     return textwrap.dedent(f"""
         import os
@@ -65,7 +65,8 @@ def _script(body: str, server, model_dir: Path, out: Path, extra: str = "") -> s
                                          for i in range(16)])
             args = AsyncGRPOConfig(output_dir={str(out)!r}, max_steps=2, num_generations=4,
                                    per_device_train_batch_size=8, max_completion_length=12,
-                                   vllm_server_base_url={server.base_url!r}, disable_tqdm=True,
+                                   vllm_server_base_url={url or server.base_url!r}, disable_tqdm=True,
+                                   launcher={{"generation": "vllm"}},
                                    trainer={{"port": {ports["trainer"]}, "metrics_port": None}},
                                    rollout={{"port": {ports["rollout"]}, "metrics_port": None}},
                                    reward={{"port": {ports["reward"]}, "metrics_port": None, "num_workers": 1}})
@@ -102,14 +103,15 @@ def test_a_ported_script_with_peft_config_trains_an_adapter(shared, tiny_model_d
     script = project / "jobs" / "train.py"
     body = "from my_rewards import digit_reward\n        from peft import LoraConfig"
     lora = ", peft_config=LoraConfig(r=8, lora_alpha=16, target_modules='all-linear', task_type='CAUSAL_LM')"
-    script.write_text(_script(body, shared, tiny_model_dir, tmp_path / "out", lora))
+    own = f"http://127.0.0.1:{free_port()}"  # no server there: the job starts one, with LoRA's flags
+    script.write_text(_script(body, shared, tiny_model_dir, tmp_path / "out", lora, own))
     r = _run([sys.executable, "jobs/train.py"], cwd=project)
     assert r.returncode == 0 and "TRAINED" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
     assert _steps(tmp_path / "out") == [1, 2]
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     sent = [row["perf/weight_sync_mb"] for row in rows if "perf/weight_sync_mb" in row]
     full_mb = sum(f.stat().st_size for f in tiny_model_dir.glob("*.safetensors")) / 2**20
-    assert sent and max(sent) < 0.6 * full_mb, (sent, full_mb)  # the adapted layers, not the model
+    assert sent and max(sent) < 0.25 * full_mb, (sent, full_mb)  # the adapter, not the model (merged: 0.53)
     final = max((tmp_path / "out").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     assert (final / "adapter_config.json").exists() and not (final / "model.safetensors").exists()
 

@@ -57,6 +57,21 @@ class AgrpoWorkerExtension:
         why = direct_load_blocker(self)
         return {"ok": why is None, "why": why or ""}
 
+    def agrpo_lora_info(self) -> dict:
+        """Whether this server can take adapters at run time, and its LoRA limits (adapters.py)."""
+        from .adapters import lora_info
+
+        return lora_info(self.vllm_config)
+
+    def agrpo_stage_adapter(self, name: str, config_json: str, infos_json: str, keep: str) -> dict:
+        """Write adapter `name` from the transport's chunks into this server's own folder, for
+        /v1/load_lora_adapter to load (adapters.py); {"path", "stage_s"}."""
+        from .adapters import stage
+
+        t0 = time.perf_counter()
+        path = stage(name, config_json, infos_json, int(keep))
+        return {"path": path, "stage_s": time.perf_counter() - t0}
+
     def agrpo_load_weights(self, update_info_json: str) -> dict:
         """Receive one update through the configured transfer engine and load it as-is.
 

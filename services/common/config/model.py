@@ -55,9 +55,12 @@ class AgrpoConfig(GRPOArgs):
     """What `agrpo run` starts and how."""
     peft: PeftSection | None = None
     """LoRA adapters, with peft's LoraConfig names and defaults (the Python API's peft_config);
-    None: full fine-tuning. Only the adapter trains (and its optimizer state is what a checkpoint
-    keeps, beside the adapter in peft's format); a weight sync sends the adapted layers with the
-    adapter merged in, not the frozen rest. One trainer process for now (no FSDP); DoRA is refused."""
+    None: full fine-tuning. Only the adapter trains; a checkpoint keeps it in peft's format with
+    its optimizer state. A weight sync sends the adapter alone into servers started with
+    --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (agrpo run, the demo and `agrpo vllm
+    --lora-rank` do), over http or shared_path, each version under its own adapter name; else (or
+    for bias, modules_to_save, an embedding or head adapter) the adapted layers merged, with one
+    warning. One trainer process for now (no FSDP); DoRA is refused."""
     sys_path: list[str] = Field(default_factory=list)
     """Folders put first on every service's sys.path before user code (reward functions, tools,
     environments) loads, as multiprocessing's spawn hands a child its parent's sys.path: the

@@ -69,6 +69,7 @@ class LocalSyncer:
         self.model, self.stop_ids, self.max_model_len = model, stop_ids, max_model_len
         self.model_name, self.seed = model_name, seed
         self.transport = LocalTransport()
+        self.payload = "full"  # the generator copies the model as it is (a LoRA adapter included)
         self.generator: Generator | None = None  # open() builds it
         self._runner: web.AppRunner | None = None
         self._serving: asyncio.Task | None = None

@@ -19,6 +19,10 @@ the server's engine must have our plugin, asked at init): all of the above in on
 steps (vllm_plugin/agrpo_vllm_plugin/swap.py). Generation stops for the load only, not for
 six HTTP round trips.
 
+"adapter" (a LoRA trainer, servers with runtime LoRA, weight_sync/adapter_sync.py): stage the
+adapter on the server -> /v1/load_lora_adapter as agrpo-v<version> -> unregister the oldest
+kept -> label. No pause: requests keep the adapter they named.
+
 Each phase has `phase_timeout`, the whole server sync `total_timeout`; any failure is a
 WeightSyncError naming the phase. Servers are synced concurrently; one that fails is
 reported (not fatal) and left paused so it never serves half-loaded weights.
@@ -39,6 +43,7 @@ import aiohttp
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.vllm_process import parse_vllm_version
 
+from .adapter_sync import AdapterSync
 from .base import Prepared
 from .client import SWAP_METHOD, VLLMAdmin, WeightSyncError
 
@@ -85,7 +90,7 @@ class WeightSyncer:
 
     def __init__(self, urls: list[str], transport, phase_timeout: float, total_timeout: float,
                  on_phase: PhaseHook | None = None, load_mode: str = "auto",
-                 recompute_in_flight: bool = True, swap: bool = False) -> None:
+                 recompute_in_flight: bool = True, swap: bool = False, adapters: AdapterSync | None = None) -> None:
         if load_mode not in LOAD_MODES:
             raise ValueError(f"weight load mode must be one of {LOAD_MODES}, got {load_mode!r}")
         self.load_mode = load_mode
@@ -99,6 +104,12 @@ class WeightSyncer:
         self._servers: dict[str, _Server] = {}
         self._prepared: Prepared | None = None
         self._prepare_s = 0.0  # how long the last payload took to build
+        self.adapters = adapters  # a LoRA trainer's adapter-only sync (adapter_sync.py), decided at the first sync
+
+    @property
+    def payload(self) -> str:
+        """What a version's payload holds: "adapter" (the LoRA adapter's tensors) or "full" weights."""
+        return "adapter" if self.adapters is not None and self.adapters.active else "full"
 
     async def open(self) -> None:
         # No keep-alive: vLLM's server drops a connection after an unhandled error (a failed
@@ -128,6 +139,8 @@ class WeightSyncer:
                    urls: list[str] | None = None) -> SyncReport:
         """Prepare the payload (in a thread, unless `prepare_now` did) and push it to `urls`
         (default: all)."""
+        if self.adapters is not None and self.adapters.active is None:
+            await self.adapters.choose([s.admin for s in self._servers.values()])
         await self.prepare_now(version, prepare)
         prepared = self._prepared
         assert prepared is not None  # prepare_now() just built it (nothing resets it)
@@ -162,6 +175,12 @@ class WeightSyncer:
     async def _phases(self, server: _Server, prepared: Prepared, report: SyncReport,
                       current: list[str]) -> None:
         admin = server.admin
+        adapters = self.adapters
+        if adapters is not None and adapters.active:  # no pause, no weight-update flow: one more adapter
+            for phase, run in adapters.phases(admin, prepared):
+                await self._phase(server, phase, run, report, current)
+            server.label = str(prepared.version)
+            return
         if not server.initialized:
             await self._phase(server, "init", lambda: self._init(server), report, current)
             server.initialized = True
@@ -302,8 +321,11 @@ class WeightSyncer:
     async def stale_servers(self, version: int) -> dict[str, str]:
         """Servers whose weight label is not `version` -> their label (or the error)."""
         async def check(url: str) -> tuple[str, str | None]:
+            admin = self._servers[url].admin
             try:
-                label = await self._servers[url].admin.weight_label()
+                if self.payload == "adapter":
+                    return url, None if await AdapterSync.serves(admin, version) else f"no adapter {version}"
+                label = await admin.weight_label()
             except WeightSyncError as exc:
                 return url, f"unreachable: {exc.detail}"
             return url, None if label == str(version) else label

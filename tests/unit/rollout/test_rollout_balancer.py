@@ -17,7 +17,7 @@ class FakeClient:
         self.calls = 0
         self.healthy_now = True
 
-    async def generate_all(self, prompt_ids, sampling, request_id, cache_salt=None):
+    async def generate_all(self, prompt_ids, sampling, request_id, cache_salt=None, adapter=""):
         self.calls += 1
         await asyncio.sleep(self.delay)
         if prompt_ids[0] in self.refuse:

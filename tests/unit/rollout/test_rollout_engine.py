@@ -27,10 +27,10 @@ class FakeBalancer:
         self.aborted = []
         self.requests = []
 
-    async def generate(self, prompt_ids, sampling, request_id, cache_salt=None):
+    async def generate(self, prompt_ids, sampling, request_id, cache_salt=None, adapter=""):
         return (await self.generate_all(prompt_ids, sampling, request_id, cache_salt))[0]
 
-    async def generate_all(self, prompt_ids, sampling, request_id, cache_salt=None):
+    async def generate_all(self, prompt_ids, sampling, request_id, cache_salt=None, adapter=""):
         self.requests.append(request_id)
         self.active += sampling.n
         self.peak = max(self.peak, self.active)

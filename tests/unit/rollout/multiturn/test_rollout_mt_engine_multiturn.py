@@ -22,7 +22,7 @@ class ScriptedBalancer:
         self.tok = tok
         self.requests = []
 
-    async def generate(self, prompt_ids, sampling, request_id, cache_salt=None):
+    async def generate(self, prompt_ids, sampling, request_id, cache_salt=None, adapter=""):
         self.requests.append((request_id, sampling.max_tokens))
         text = CALL if request_id.endswith("-t0") else "Done."
         ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
