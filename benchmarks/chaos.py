@@ -27,6 +27,10 @@ Two supervisors (`--supervisor`):
   `previous/`, the run id of run.json unchanged.
 
   .venv/bin/python benchmarks/chaos.py --short --supervisor plain
+
+`--lora` trains a LoRA adapter synced alone into vLLM (docs/lora.md): trainer@sync then lands
+in an adapter sync, trainer@save in an adapter checkpoint, and a killed vLLM comes back without
+adapters, which the trainer must notice and sync again.
 """
 
 from __future__ import annotations
@@ -230,6 +234,8 @@ def start(a):
                  "launcher": {"generation": "vllm", "max_restarts": 10_000, "restart_window_s": 30.0}}
     if a.supervisor == "launcher":
         overrides["run_id"] = f"chaos-{a.seed}"
+    if a.lora:  # a LoRA adapter, synced alone into vLLM (docs/lora.md)
+        overrides["peft"] = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
     opts = DemoOptions(steps=100_000, out=a.out, max_staleness=a.max_staleness, num_prompts=a.num_prompts,
                        timeout_s=0, overrides=overrides)
     if a.supervisor == "launcher":
@@ -333,6 +339,8 @@ def main() -> int:
     p.add_argument("--supervisor", choices=("launcher", "plain"), default="launcher",
                    help="launcher: agrpo run's (a run id per job); plain: the same command line again, "
                         "with a config that has no run_id (as systemd or compose restart it)")
+    p.add_argument("--lora", action="store_true", help="train a LoRA adapter (r 16, every linear layer), "
+                   "synced alone into vLLM: kills land in adapter syncs and adapter checkpoints")
     a = p.parse_args()
     if a.short:
         a.kills, a.min_s, a.max_s = 6, 4.0, 10.0

@@ -4,11 +4,12 @@ Why in place: peft's inject_adapter_in_model swaps each targeted Linear for a Lo
 the HF model, so the module tree that the engine, the compiler and the generator walk
 (model.model.layers...) stays as it is, and only the adapter's tensors require grad.
 
-What a weight sync sends: vLLM serves the base model it loaded at its start, so a version is each
-adapted layer's base weight with its adapter merged in (W + scale x B A) under the base model's
-name, plus any other tensor that trains (biases with bias != none, modules_to_save); never the
-frozen rest. The merge is out of place: the trainer's base weights are never written, so nothing
-drifts however many versions are published.
+What a weight sync sends: to a server that takes adapters at run time, the adapter alone
+(`adapter_tensors`, weight_sync/adapter_sync.py); otherwise, since vLLM serves the base model it
+loaded at its start, each adapted layer's base weight with its adapter merged in (W + scale x B A)
+under the base model's name, plus any other tensor that trains (biases with bias != none,
+modules_to_save), never the frozen rest (`merged_weights`). The merge is out of place: the
+trainer's base weights are never written, so nothing drifts however many versions are published.
 
 Checkpoints hold the adapter in peft's own format (adapter_config.json and
 adapter_model.safetensors), so `PeftModel.from_pretrained(base, checkpoint)` reads one.
@@ -48,8 +49,9 @@ def attach(model: torch.nn.Module, section, adapter_dir: str | Path | None = Non
 
 
 def has_adapter(model: torch.nn.Module) -> bool:
-    """Whether `model` carries a LoRA adapter (attach ran)."""
-    return any(True for _ in adapted_layers(model))
+    """Whether `model` carries a LoRA adapter (attach ran: peft's injection sets peft_config);
+    no peft import for a model without one."""
+    return ADAPTER in (getattr(model, "peft_config", None) or {})
 
 
 def adapted_layers(model: torch.nn.Module):

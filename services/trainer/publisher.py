@@ -16,6 +16,7 @@ from functools import partial
 
 from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.common.logging import get_logger
+from agrpo.services.common.preflight import StartupError
 from agrpo.services.common.timeouts import COLD_SYNC_RETRY_S
 from agrpo.services.common.versions import Lineage, adapter_name, label_to_version
 
@@ -53,6 +54,8 @@ class WeightPublisher:
                 self.max_model_len = self.max_model_len or await self.syncer.admin(pending[0]).max_model_len()
                 report = await self._sync(version, pending)
                 pending, uri = list(report.errors), report.uri
+            except StartupError:  # a server that can never work for this run (its LoRA limits): no retry
+                raise
             except Exception as exc:  # noqa: BLE001 - retried until the deadline
                 log.warning("cold sync: %s", exc)
             if not pending:

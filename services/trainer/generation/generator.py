@@ -81,11 +81,13 @@ class Generator:
 
     # Weights
     def load(self, source: torch.nn.Module, label: str) -> None:
-        """Copy `source`'s parameters and buffers in, between two decode steps; tokens sampled
-        from now on carry `label`."""
+        """Copy `source`'s trainable parameters in, between two decode steps; tokens sampled from
+        now on carry `label`. Frozen ones (a LoRA trainer's base weights) never change, and the
+        copy this generator started from holds them already."""
         with self._lock, torch.no_grad():
             for mine, theirs in zip(self.model.parameters(), source.parameters(), strict=True):
-                mine.copy_(theirs)
+                if theirs.requires_grad:
+                    mine.copy_(theirs)
             self.label = label
 
     # Requests

@@ -21,7 +21,7 @@ six HTTP round trips.
 
 "adapter" (a LoRA trainer, servers with runtime LoRA, weight_sync/adapter_sync.py): stage the
 adapter on the server -> /v1/load_lora_adapter as agrpo-v<version> -> unregister the oldest
-kept -> label. No pause: requests keep the adapter they named.
+kept. No pause (requests keep the adapter they named) and no label: the base weights are untouched.
 
 Each phase has `phase_timeout`, the whole server sync `total_timeout`; any failure is a
 WeightSyncError naming the phase. Servers are synced concurrently; one that fails is

@@ -75,6 +75,11 @@ def test_a_load_relabels_and_copies_the_weights(model):
     assert gen.label == "7"
     assert all(torch.equal(a, b) for a, b in zip(gen.model.parameters(), trained.parameters()))
     assert not any(torch.equal(a, b) for a, b in zip(gen.model.parameters(), model.parameters()) if a.dim() == 2)
+    trained.get_input_embeddings().weight.requires_grad_(False)  # frozen, as a LoRA trainer's base
+    with torch.no_grad():
+        trained.get_input_embeddings().weight.add_(1.0)
+    gen.load(trained, "8")  # frozen weights never change in training: only trainable ones are copied
+    assert not torch.equal(gen.model.get_input_embeddings().weight, trained.get_input_embeddings().weight)
     c = Choice(token_ids=[1, 2, 3], labels=["6", "6", "7"])
     assert c.spans() == [("6", 0, 2), ("7", 2, 3)]
 
