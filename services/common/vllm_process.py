@@ -200,7 +200,7 @@ class VLLMServer:
         """The variables this server sets on top of `base` (dev mode, threads, GPU pinning)."""
         updates = dict(HF_HUB_OFFLINE="1", VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1", OMP_NUM_THREADS="1")
         if "--enable-lora" in self.extra_args:  # adapters loaded at run time (trainer/weight_sync/adapter_sync.py)
-            updates.update(VLLM_ALLOW_RUNTIME_LORA_UPDATING="1", AGRPO_LORA_DIR=str(self.workdir / "lora"))
+            updates["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         if self.gpu:
             updates.update(self.gpu.env(dict(base if base is not None else os.environ)))
         elif self.cpus:
@@ -219,7 +219,9 @@ class VLLMServer:
         t0 = time.monotonic()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(dying_with_this_process(self.command()), env=self.env(), cwd=self.workdir,
+            # the adapters it is sent go into its own work folder, removed at stop()
+            env = {**self.env(), "AGRPO_LORA_DIR": str(self.workdir / "lora")}
+            self.proc = subprocess.Popen(dying_with_this_process(self.command()), env=env, cwd=self.workdir,
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)  # own process group for stop()
         try:
