@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from agrpo.services.common.logging import get_logger
+from agrpo.services.common.versions import adapter_name
 from agrpo.services.common.vllm_process import parse_vllm_version
 
 from .adapter_sync import AdapterSync
@@ -319,16 +320,17 @@ class WeightSyncer:
             log.warning("could not close the failed update on %s: %s", server.admin.url, exc.detail)
 
     async def stale_servers(self, version: int) -> dict[str, str]:
-        """Servers whose weight label is not `version` -> their label (or the error)."""
+        """Servers that do not serve `version` -> why: their weight label, the adapter they lack, or the error."""
         async def check(url: str) -> tuple[str, str | None]:
             admin = self._servers[url].admin
             try:
                 if self.payload == "adapter":
-                    return url, None if await AdapterSync.serves(admin, version) else f"no adapter {version}"
+                    serves = await AdapterSync.serves(admin, version)
+                    return url, None if serves else f"lists no adapter {adapter_name(version)}"
                 label = await admin.weight_label()
             except WeightSyncError as exc:
                 return url, f"unreachable: {exc.detail}"
-            return url, None if label == str(version) else label
+            return url, None if label == str(version) else f"reports weight label {label!r}"
         results = await asyncio.gather(*(check(u) for u in self.urls))
         return {u: why for u, why in results if why is not None}
 
@@ -339,6 +341,6 @@ class WeightSyncer:
         if not targets:
             return None
         for u in targets:
-            log.warning("vLLM %s reports weight label %r, expected %r: re-syncing", u, stale[u], str(version))
+            log.warning("vLLM %s %s, expected version %d: re-syncing", u, stale[u], version)
             self._servers[u].initialized = False
         return await self.sync(version, prepare, targets)

@@ -62,7 +62,7 @@ async def test_hang_and_death_mid_sync_then_resync(tiny_model_dir, tiny_model_fa
 
         fault["mode"] = None
         await asyncio.to_thread(server.start)  # same port: the "same" server came back
-        assert await syncer.stale_servers(1) == {server.base_url: "default"}
+        assert await syncer.stale_servers(1) == {server.base_url: "reports weight label 'default'"}
         report = await syncer.reconcile(1, prepare)
         assert report is not None and report.synced == [server.base_url] and report.ok
         assert set(report.phase_s) >= {"init", "pause", "start", "update", "finish", "resume"}

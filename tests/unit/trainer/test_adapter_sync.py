@@ -97,7 +97,7 @@ async def test_each_version_is_a_new_adapter_and_the_oldest_is_unregistered():
         assert server.label == "default"  # the base weights were never written
         assert await syncer.stale_servers(4) == {}
         server.loaded.clear()  # a restarted server has no adapters
-        assert await syncer.stale_servers(4) == {server.url: "no adapter 4"}
+        assert await syncer.stale_servers(4) == {server.url: "lists no adapter agrpo-v4"}
         await syncer.close()
 
 

@@ -250,7 +250,7 @@ async def test_one_failing_server_does_not_block_the_others(servers):
     assert report.synced == [good.url]
     assert report.errors[bad.url].phase == "pause" and "HTTP 500" in str(report.errors[bad.url])
     bad.fail_on = None
-    assert await syncer.stale_servers(1) == {bad.url: "default"}
+    assert await syncer.stale_servers(1) == {bad.url: "reports weight label 'default'"}
     again = await syncer.reconcile(1, _prepare(1))
     await syncer.close()
     assert again.synced == [bad.url] and bad.label == "1"
