@@ -17,6 +17,7 @@ COMMANDS = {
     "vllm": ("agrpo.launcher.cli", "Start the vLLM server agrpo needs, or print its command (see --help)."),
     "audit": ("agrpo.services.trainer.audit", "Check a run's audit log: every prompt once, nothing past max_staleness."),
     "demo": ("agrpo.demo.cli", "Run the whole system locally and train a small task (see --help)."),
+    "merge": ("agrpo.services.trainer.merge", "Merge a LoRA checkpoint into its base model (see --help)."),
 }
 
 USAGE = """usage: agrpo <command> [--config FILE] [--key value ...]
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"agrpo: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    if command in ("demo", "audit"):  # their own options, not config keys
+    if command in ("demo", "audit", "merge"):  # their own options, not config keys
         return int(importlib.import_module(COMMANDS[command][0]).main(rest) or 0)
     if command in ("run", "vllm"):
         from agrpo.launcher import cli as launcher

@@ -100,3 +100,19 @@ def test_peft_config_keys_are_checked():
         AgrpoConfig(peft={"use_dora": True})
     with pytest.raises(ValueError, match="num_processes 1"):
         AgrpoConfig(peft={"r": 8}, trainer={"num_processes": 2})
+
+
+def test_agrpo_merge_writes_the_base_model_with_the_adapter_in(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from agrpo.cli import main as agrpo
+
+    _, engine, tok, _ = _engine(tiny_model_dir)
+    _train_a_little(engine)
+    saved = checkpoint.save(tmp_path / "run", TrainState(step=1, version=2, version_step=1, ledger=Ledger()),
+                            engine.model, tok, engine.optimizer, engine.scheduler)
+    assert agrpo(["merge", str(saved), str(tmp_path / "merged")]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).state_dict()
+    for name, tensor in weights_for_sync(engine, None):
+        torch.testing.assert_close(merged[name], tensor)
+    assert agrpo(["merge", str(tiny_model_dir), str(tmp_path / "x")]) == 2  # not a LoRA checkpoint: one line
