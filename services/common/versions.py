@@ -43,6 +43,13 @@ def adapter_name(version: int) -> str:
     return f"{ADAPTER_PREFIX}{version}"
 
 
+def adapter_version(name: str) -> int:
+    """The policy version an adapter name serves (adapter_name's inverse)."""
+    if not name.startswith(ADAPTER_PREFIX):
+        raise ValueError(f"{name!r} is not an agrpo adapter name")
+    return int(name[len(ADAPTER_PREFIX):])
+
+
 @overload
 def label_to_version(label: str | None, fallback: int) -> int: ...
 @overload

@@ -91,7 +91,8 @@ class Engine:
         self._tok_rate = RateWindow(10.0)
         self.slots = max(self.max_inflight, self.G)  # a group of G always fits
         self.strategy = build_strategy(cfg, tokenizer, GenerationContext(
-            balancer, self.sampling, self.G, self._release, asyncio.Semaphore(self.slots), self._count_tokens))
+            balancer, self.sampling, self.G, self._release, asyncio.Semaphore(self.slots), self._count_tokens,
+            lambda: self.adapter))
 
     # Capacity
     @property
@@ -156,7 +157,7 @@ class Engine:
 
     def _launch(self, key: tuple[int, int]) -> None:
         gid = f"{key[1]}-{key[0]}-{uuid.uuid4().hex[:8]}"
-        group = Group(key, gid, self.version, slots=self.G, adapter=self.adapter)
+        group = Group(key, gid, self.version, slots=self.G)
         self.inflight_requests += self.G  # reserved now, released as each request ends
         self.idle.start(busy=True)
         self.idle.busy(True)

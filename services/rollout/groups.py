@@ -27,9 +27,6 @@ class Group:
     task: asyncio.Task | None = None
     slots: int = 0
     """In-flight slots this group still holds (one per unfinished request)."""
-    adapter: str = ""
-    """The LoRA adapter of dispatch_version, which every request of the group names (adapter-only
-    sync: PolicyVersion.lora_adapter); "" when the servers hold full weights."""
 
     def request_id(self, i: int) -> str:
         """vLLM request id of generation i (turns add their own suffix)."""
@@ -57,6 +54,11 @@ class GenerationContext:
     max_inflight_tasks of them, as TRL's slots; a group's others wait for theirs."""
     count_tokens: Callable[[int], None]
     """Account n generated tokens (throughput gauge)."""
+    adapter: Callable[[], str] = lambda: ""
+    """The LoRA adapter of the newest version (adapter-only sync: PolicyVersion.lora_adapter), ""
+    for full weights. Read when a request is sent, not when its group was dispatched: a request
+    that waited for a slot generates under the newest adapter, as it would under the newest
+    full weights."""
 
 
 async def gather_or_cancel(coros) -> list:

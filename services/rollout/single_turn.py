@@ -42,7 +42,7 @@ class SingleTurn:
         sampling = replace(self.ctx.sampling, n=self.ctx.num_generations)
         try:
             outs = await self.ctx.balancer.generate_all(prompt_ids, sampling, group.request_id(0), group.cache_salt,
-                                                        group.adapter)
+                                                        self.ctx.adapter())
         finally:
             self.ctx.release(group, self.ctx.num_generations)
         self.ctx.count_tokens(sum(len(out.token_ids) for out in outs))
@@ -52,7 +52,7 @@ class SingleTurn:
         try:
             async with self.ctx.request_slots:
                 out = await self.ctx.balancer.generate(prompt_ids, self.ctx.sampling, group.request_id(i),
-                                                        group.cache_salt, group.adapter)
+                                                        group.cache_salt, self.ctx.adapter())
         finally:
             self.ctx.release(group, 1)
         self.ctx.count_tokens(len(out.token_ids))

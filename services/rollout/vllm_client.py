@@ -23,6 +23,7 @@ from agrpo.services.common.timeouts import (
     VLLM_HEALTH_TIMEOUT_S,
     WEIGHT_LABEL_TIMEOUT_S,
 )
+from agrpo.services.common.versions import adapter_version
 from agrpo.services.common.vllm_process import TRAINER_ENGINE
 from agrpo.services.common.vllm_process import parse_vllm_version as parse_version
 
@@ -190,7 +191,7 @@ class VLLMClient:
         """The `sampling.n` completions of one request; raises VLLMError on any failure, and
         VLLMIncompatible when the server answers fewer. Requests share cached prompt KV only under
         the same `cache_salt`. `adapter` names the LoRA adapter of one policy version (adapter-only
-        sync): every token is that version's, so the server's weight-label spans are not read."""
+        sync): every token is that version's, whatever the server's weight label says."""
         salt = {"cache_salt": cache_salt} if cache_salt else {}
         model = adapter or self.model
         t0 = time.monotonic()
@@ -208,7 +209,7 @@ class VLLMClient:
         for out in outs:
             out.latency_s, out.server = latency, self.base_url
             if adapter:
-                out.spans = []
+                out.spans = [(str(adapter_version(adapter)), 0, len(out.token_ids))]
             if len(out.logprobs) != len(out.token_ids):
                 raise VLLMError(f"{self.base_url}: {len(out.token_ids)} tokens but {len(out.logprobs)} logprobs")
         return outs

@@ -113,7 +113,7 @@ class MultiTurn:
         async def generate(ids, max_tokens, turn):
             sampling = dataclasses.replace(ctx.sampling, max_tokens=max_tokens)
             out = await ctx.balancer.generate(ids, sampling, f"{group.request_id(i)}-t{turn}",
-                                              group.cache_salt, group.adapter)
+                                              group.cache_salt, ctx.adapter())
             ctx.count_tokens(len(out.token_ids))
             return out
 

@@ -76,6 +76,20 @@ async def test_generate_route_sends_every_sampling_param_and_parses_spans():
     assert unsalted["token_ids"] == [1, 2] and unsalted["request_id"] == "r1"
 
 
+async def test_a_request_under_an_adapter_names_it_and_is_that_versions_alone():
+    """Adapter-only LoRA sync: the model is the version's adapter, and every token is that
+    version's whatever weight label the server reports (here "2")."""
+    seen = {}
+    runner, url = await serve(make_app(seen=seen))
+    async with aiohttp.ClientSession() as s:
+        c = VLLMClient(url, s, request_timeout=5)
+        await c.handshake(5, "0.22.0")
+        out = await c.generate([1, 2], SAMPLING, "r1", adapter="agrpo-v7")
+    await runner.cleanup()
+    assert seen["generate"]["model"] == "agrpo-v7"
+    assert out.spans == [("7", 0, 2)]
+
+
 async def test_a_whole_group_in_one_request_comes_back_in_index_order():
     seen = {}
     runner, url = await serve(make_app(seen=seen))
