@@ -24,11 +24,11 @@ import yaml
 
 from agrpo.launcher.job import Job, JobOptions
 from agrpo.launcher.progress import StepFollower, read_steps
-from agrpo.launcher.vllm_plan import trainer_generates
+from agrpo.launcher.vllm_plan import lora_flags, trainer_generates
 from agrpo.services.common import weight_transports
 from agrpo.services.common.config import ConfigError, load_config
 from agrpo.services.common.config.loader import merge
-from agrpo.services.common.vllm_process import VLLMServer, free_port, lora_args, supports_scale_out
+from agrpo.services.common.vllm_process import VLLMServer, free_port, supports_scale_out
 
 from . import gpu as gpu_mode
 from . import models, report
@@ -208,8 +208,7 @@ def start_vllm_and_config(opts: DemoOptions, info: dict) -> tuple[VLLMServer | N
         config = write_config(opts, model_dir, data, url, "trainer")
         return None, config, _load(config)
     info["generation"] = "vllm"
-    lora = lora_args(planned.peft.r, planned.max_staleness + 2) if planned.peft is not None else ()
-    vllm = start_vllm(opts, model_dir, opts.out / "logs" / "vllm.log", lora)
+    vllm = start_vllm(opts, model_dir, opts.out / "logs" / "vllm.log", lora_flags(planned))
     try:
         info["vllm_startup_s"] = round(vllm.startup_s, 1)
         print(f"[demo] vLLM healthy after {vllm.startup_s:.0f} s", flush=True)

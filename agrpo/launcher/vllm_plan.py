@@ -89,9 +89,13 @@ def settings_for(cfg, port: int, gpu: bool | None = None) -> VllmSettings:
     gpu = (launch.device == "gpu" or (launch.device == "auto" and has_gpu())) if gpu is None else gpu
     max_len = cfg.max_model_len_for(model_max_len(cfg.model))
     kv = launch.kv_cache_gib or (2.0 if gpu else 0.5)
-    lora = lora_args(cfg.peft.r, cfg.max_staleness + 2) if cfg.peft is not None else ()
     return VllmSettings(str(Path(cfg.model).resolve()), port, gpu, max_len, kv, launch.vllm_gpu,
-                        launch.gpu_memory_utilization, (*lora, *launch.vllm_args))
+                        launch.gpu_memory_utilization, (*lora_flags(cfg), *launch.vllm_args))
+
+
+def lora_flags(cfg) -> tuple[str, ...]:
+    """vLLM's LoRA flags for a config with peft: set (adapter-only sync), else none."""
+    return lora_args(cfg.peft.r, cfg.adapter_slots) if cfg.peft is not None else ()
 
 
 SHORT_JOB_TOKEN_STEPS = 4000

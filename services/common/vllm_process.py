@@ -87,7 +87,7 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 def lora_args(rank: int, slots: int) -> tuple[str, ...]:
     """vLLM's flags for a LoRA trainer's adapter-only sync: adapters of `rank`, `slots` at once
-    (max_staleness + 2). VLLMServer adds VLLM_ALLOW_RUNTIME_LORA_UPDATING when they are given."""
+    (AgrpoConfig.adapter_slots). VLLMServer adds VLLM_ALLOW_RUNTIME_LORA_UPDATING when they are given."""
     fitting = next((r for r in LORA_RANKS if r >= rank), rank)
     return ("--enable-lora", "--max-lora-rank", str(fitting), "--max-loras", str(slots))
 

@@ -27,7 +27,7 @@ def build_engine(cfg: AgrpoConfig, model_path: str, shard=None):
     device = pick_device(cfg)
     if cfg.peft is not None:  # the base model, then the adapter (a checkpoint's, when resuming)
         adapter = model_path if lora.is_adapter_dir(model_path) else None
-        model, tokenizer = load_model(cfg, cfg.model if adapter and cfg.model else model_path, device)
+        model, tokenizer = load_model(cfg, cfg.model or model_path, device)  # the base: a checkpoint holds only the adapter
         model = lora.attach(model, cfg.peft, adapter)
     else:
         model, tokenizer = load_model(cfg, model_path, device)

@@ -84,14 +84,6 @@ def merged_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> 
     return [(n, (t if dtype is None else t.to(dtype)).contiguous()) for n, t in out]
 
 
-def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter's tensors (and other trainable ones) as peft saves them."""
-    from peft import get_peft_model_state_dict
-
-    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
-    return {PEFT_PREFIX + k: v.detach().cpu().contiguous() for k, v in state.items()}
-
-
 def save_adapter(model: torch.nn.Module, folder: str | Path, base_model: str | None) -> None:
     """adapter_config.json and adapter_model.safetensors in `folder`, in peft's format."""
     from safetensors.torch import save_file
@@ -99,7 +91,8 @@ def save_adapter(model: torch.nn.Module, folder: str | Path, base_model: str | N
     config = model.peft_config[ADAPTER]
     config.base_model_name_or_path = base_model
     config.save_pretrained(str(folder))
-    save_file(adapter_state(model), str(Path(folder) / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    save_file({n: t.cpu() for n, t in adapter_tensors(model)}, str(Path(folder) / ADAPTER_WEIGHTS),
+              metadata={"format": "pt"})
 
 
 def load_adapter(model: torch.nn.Module, folder: str | Path) -> None:
@@ -125,8 +118,8 @@ def is_adapter_dir(path: str | Path) -> bool:
 
 
 def adapter_tensors(model: torch.nn.Module, dtype: torch.dtype | None = None) -> list[tuple[str, torch.Tensor]]:
-    """What an adapter-only sync sends: the adapter's tensors under peft's file names, on their
-    device, optionally cast."""
+    """The adapter's tensors (and any other trainable ones) under peft's file names, on their
+    device, optionally cast: what an adapter-only sync sends and a checkpoint saves."""
     from peft import get_peft_model_state_dict
 
     state = get_peft_model_state_dict(model, adapter_name=ADAPTER)

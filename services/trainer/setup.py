@@ -50,7 +50,7 @@ def adapter_sync(cfg: AgrpoConfig, model: torch.nn.Module, transport_name: str) 
     """A LoRA trainer's adapter-only sync (decided against the servers at the first sync)."""
     if cfg.peft is None:
         return None
-    plan = AdapterPlan(lora.adapter_config_json(model, cfg.model), cfg.peft.r, cfg.max_staleness + 2,
+    plan = AdapterPlan(lora.adapter_config_json(model, cfg.model), cfg.peft.r, cfg.adapter_slots,
                        lora.adapter_sync_blocker(model, cfg.peft))
     return AdapterSync(plan, transport_name)
 

@@ -133,6 +133,12 @@ class AgrpoConfig(GRPOArgs):
         return self.max_steps <= 0 or self.max_steps >= COMPILE_MIN_STEPS
 
     @property
+    def adapter_slots(self) -> int:
+        """LoRA adapters a vLLM server must hold at once under adapter-only sync: the newest, every
+        version a trainable sample may still be generated under, and the one being loaded."""
+        return self.max_staleness + 2
+
+    @property
     def resolved_output_dir(self) -> str:
         """output_dir with TRL's fallback."""
         return self.output_dir or "trainer_output"

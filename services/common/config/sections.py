@@ -341,8 +341,8 @@ class LauncherSection(Section):
 
 class PeftSection(Section):
     """LoRA adapters (`peft:` in YAML; the Python API's peft_config): peft's LoraConfig names and
-    defaults. The trainer trains only the adapter; a weight sync sends each adapted layer's
-    weight with its adapter merged in, and checkpoints hold the adapter (services/trainer/lora.py)."""
+    defaults. The trainer trains only the adapter (services/trainer/lora.py); how a sync carries it
+    is AgrpoConfig.peft's docstring, and docs/lora.md."""
 
     r: int = Field(8, ge=1)
     """Rank of the adapter matrices."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.preflight import StartupError
@@ -54,11 +54,9 @@ class AdapterSync:
     """Decides adapter-only sync once for all servers, then gives each sync's phases."""
 
     def __init__(self, plan: AdapterPlan, transport_name: str) -> None:
-        self.plan = plan
+        blocked = plan.blocker is None and transport_name not in TRANSPORTS
+        self.plan = replace(plan, blocker=f"trainer.weight_transport={transport_name}") if blocked else plan
         self.active: bool | None = None  # None until choose() ran
-        if plan.blocker is None and transport_name not in TRANSPORTS:
-            self.plan = AdapterPlan(plan.config_json, plan.rank, plan.slots,
-                                    f"trainer.weight_transport={transport_name}")
 
     async def choose(self, admins: list[VLLMAdmin]) -> bool:
         """Adapter-only sync if every server can take adapters, else merged layers (one warning)."""
