@@ -216,8 +216,8 @@ class Job:
                      f"output in {self.out}")
             return 0
         except KeyboardInterrupt:
-            self.say("\n[run] stopping: the trainer finishes its step (Ctrl-C again to kill everything)")
-            try:
+            try:  # a second Ctrl-C (or a signal to the whole process group) may come at once
+                self.say("\n[run] stopping: the trainer finishes its step (Ctrl-C again to kill everything)")
                 self.stop()
             except KeyboardInterrupt:
                 self.stop(kill=True)

@@ -124,6 +124,9 @@ class RolloutApp:
         tokenizer = tokenizer or load_tokenizer(served_model, cfg.trust_remote_code)
         from .multiturn import runner as multiturn
 
+        if max_model_len <= cfg.max_completion_length:
+            raise ValueError(f"max_completion_length={cfg.max_completion_length} leaves no room for a prompt in the "
+                             f"server's max_model_len {max_model_len}: lower max_completion_length")
         prompts = build_prompt_set(rows, tokenizer, prompt_column=cfg.dataset.prompt_column,
                                    max_prompt_len=max_model_len - cfg.max_completion_length,
                                    chat_template_kwargs=cfg.chat_template_kwargs,

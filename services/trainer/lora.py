@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from agrpo.services.common.preflight import StartupError
+
 from .weight_sync.transports import hf_name
 
 ADAPTER = "default"
@@ -40,9 +42,12 @@ def attach(model: torch.nn.Module, section, adapter_dir: str | Path | None = Non
     from peft import LoraConfig, inject_adapter_in_model
 
     config = LoraConfig(task_type="CAUSAL_LM", **section.lora_kwargs())
-    model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    try:
+        model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    except ValueError as exc:  # the config's fault, not the model's: name the key
+        raise StartupError(f"peft.target_modules={section.target_modules!r}: {str(exc).splitlines()[0]}") from None
     if not any(True for _ in adapted_layers(model)):
-        raise ValueError(f"peft.target_modules={section.target_modules!r} matches no layer of the model")
+        raise StartupError(f"peft.target_modules={section.target_modules!r} matches no layer of the model")
     if adapter_dir is not None:
         load_adapter(model, adapter_dir)
     return model

@@ -81,9 +81,12 @@ class WeightPublisher:
         version = high + 1
         if s.version > 0:
             s.lineage = s.lineage.resumed(s.version, version, ahead=int(s.version_step != s.step))
-            log.warning("resumed weights of version %d are published as version %d: versions %d-%d "
-                        "(weights this restart rolled back) are off the lineage and never trained",
-                        s.version, version, s.version + 1, high)
+            if high > s.version:
+                log.warning("resumed weights of version %d are published as version %d: versions %d-%d "
+                            "(weights this restart rolled back) are off the lineage and never trained",
+                            s.version, version, s.version + 1, high)
+            else:  # the checkpoint's step came after its version's: weights never published before
+                log.info("resumed weights (step %d) are published as version %d", s.step, version)
         elif version > 1:
             s.lineage = Lineage(((version, None, 1),))  # a fresh run on servers that saw other versions
         return version

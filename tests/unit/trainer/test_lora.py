@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.common.preflight import StartupError
 from agrpo.services.trainer import checkpoint, lora
 from agrpo.services.trainer.engine_factory import build_engine
 from agrpo.services.trainer.fsdp import weights_for_sync
@@ -89,7 +90,7 @@ def test_a_checkpoint_of_another_adapter_shape_is_one_line(tiny_model_dir, tmp_p
 
 
 def test_target_modules_that_match_nothing_is_one_line(tiny_model_dir):
-    with pytest.raises(ValueError, match=r"matches no layer|not found"):
+    with pytest.raises(StartupError, match=r"^peft\.target_modules=\['no_such_proj'\]"):
         _engine(tiny_model_dir, target_modules=["no_such_proj"])
 
 
