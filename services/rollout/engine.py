@@ -75,7 +75,8 @@ class Engine:
         self.sampling = SamplingConfig(cfg.max_completion_length, cfg.temperature, cfg.top_p, cfg.top_k,
                                        cfg.min_p, cfg.repetition_penalty)
         self.version = 0
-        self.adapter = ""  # the LoRA adapter serving self.version (adapter-only sync), else ""
+        self.adapter = ""  # the newest LoRA adapter a server holds (adapter-only sync), else ""
+        self.adapter_version = 0  # the version it serves
         self.lineage = Lineage()  # the trainer's: which versions still name weights, and how far apart
         self.inflight_requests = 0
         self.generating: dict[str, Group] = {}
@@ -241,13 +242,16 @@ class Engine:
         self.sender.drop_off_lineage(lineage)
 
     def on_version(self, version: int, adapter: str = "") -> None:
-        """A newer policy (and the LoRA adapter that serves it, if any): abort in-flight groups it
-        makes too stale, sweep the send buffer."""
-        if version == self.version and adapter:
-            self.adapter = adapter  # the announcement of a version a resume point named first
+        """A newer policy: abort in-flight groups it makes too stale, sweep the send buffer.
+        `adapter` (adapter-only LoRA sync) is set only by the announcement that the servers hold
+        it; the trainer's answers to pushed samples name its version before then, and requests
+        keep the newest adapter announced until its successor is (naming none would sample the
+        base model)."""
+        if adapter and version >= self.adapter_version:
+            self.adapter, self.adapter_version = adapter, version
         if version <= self.version:
             return
-        self.version, self.adapter = version, adapter
+        self.version = version
         self.metrics.policy_version.set(version)
         log.info("policy version %d", version, extra={"policy_version": version})
         self._abort([g for g in self.generating.values() if self.is_stale(g.dispatch_version)], "stale_inflight")

@@ -55,7 +55,7 @@ class GenerationContext:
     count_tokens: Callable[[int], None]
     """Account n generated tokens (throughput gauge)."""
     adapter: Callable[[], str] = lambda: ""
-    """The LoRA adapter of the newest version (adapter-only sync: PolicyVersion.lora_adapter), ""
+    """The newest LoRA adapter announced as served (adapter-only sync: PolicyVersion.lora_adapter), ""
     for full weights. Read when a request is sent, not when its group was dispatched: a request
     that waited for a slot generates under the newest adapter, as it would under the newest
     full weights."""

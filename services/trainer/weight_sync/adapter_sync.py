@@ -8,7 +8,7 @@ above its --max-lora-rank, fewer than max_staleness + 2 adapter slots) are a one
 Version N is adapter `agrpo-vN` (versions.adapter_name). The adapter's tensors travel through the
 configured transport's payload into the server's own folder (our worker extension,
 agrpo_vllm_plugin/adapters.py: no folder shared with the trainer), then /v1/load_lora_adapter
-registers the name. Rollout names the adapter of the version a group is dispatched under, so a
+registers the name. Once it is announced, rollout names it in every request it sends, so a
 request generates under one version from start to end, and vLLM's prefix cache (keyed by adapter
 name) never mixes versions. No pause: loading an adapter leaves what running requests use as it
 is. Each server keeps the newest max_staleness + 2 names; the oldest is unregistered when its

@@ -203,3 +203,16 @@ async def test_tag_is_the_oldest_span_version():
     assert version == 3
     assert [(v.policy_version, v.start, v.end) for v in samples[0].version_spans] == [(3, 1, 2), (4, 2, 3)]
 
+
+
+def test_requests_keep_the_newest_announced_adapter_until_its_successor_is_announced():
+    """The trainer's answers to pushed samples name a version before its adapter is in vLLM: a
+    request must not fall back to the base model (no adapter) in between, nor go back to an
+    older adapter announced late."""
+    eng, _, _ = make()
+    eng.on_version(2, "agrpo-v2")
+    eng.on_version(3)  # a PushSamples answer: version 3 is minted, its adapter not loaded yet
+    assert (eng.version, eng.adapter) == (3, "agrpo-v2")
+    eng.on_version(3, "agrpo-v3")  # WatchPolicy: the servers hold it
+    eng.on_version(2, "agrpo-v2")  # late
+    assert (eng.version, eng.adapter) == (3, "agrpo-v3")
