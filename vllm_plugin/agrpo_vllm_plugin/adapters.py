@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import atexit
 import base64
-import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 PREFIX = "agrpo-v"
@@ -43,8 +43,9 @@ def lora_info(vllm_config) -> dict:
             "data_parallel_size": int(vllm_config.parallel_config.data_parallel_size)}
 
 
-def _tensors(infos: list[dict]) -> dict:
-    """The adapter's tensors from the transport's chunks: inline base64 safetensors or a path."""
+def transport_tensors(infos: list[dict]) -> dict:
+    """The adapter's tensors from the http or shared_path transport's chunks: inline base64
+    safetensors or a path. (CUDA IPC chunks are read by the worker: worker.py.)"""
     from safetensors.torch import load, load_file
 
     out: dict = {}
@@ -58,10 +59,10 @@ def _tensors(infos: list[dict]) -> dict:
     return out
 
 
-def stage(name: str, config_json: str, infos_json: str, keep: int) -> str:
-    """Write adapter `name` (its peft adapter_config and tensors) where vLLM can load it; drop
-    the adapters more than `keep` versions older. Returns the folder. Idempotent: every worker
-    of the server calls it, and a re-sync of the same version finds it written."""
+def stage(name: str, config_json: str, tensors: Callable[[], dict], keep: int) -> str:
+    """Write adapter `name` (its peft adapter_config and `tensors()`, on the CPU) where vLLM can
+    load it; drop the adapters more than `keep` versions older. Returns the folder. Idempotent:
+    every worker of the server calls it, and a re-sync of the same version finds it written."""
     from safetensors.torch import save_file
 
     root = lora_root()
@@ -73,7 +74,7 @@ def stage(name: str, config_json: str, infos_json: str, keep: int) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         (tmp / "adapter_config.json").write_text(config_json)
-        save_file(_tensors(json.loads(infos_json)), str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+        save_file(tensors(), str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
         try:
             tmp.rename(target)
         except OSError:  # another worker got there first

@@ -66,10 +66,13 @@ class AgrpoWorkerExtension:
     def agrpo_stage_adapter(self, name: str, config_json: str, infos_json: str, keep: str) -> dict:
         """Write adapter `name` from the transport's chunks into this server's own folder, for
         /v1/load_lora_adapter to load (adapters.py); {"path", "stage_s"}."""
-        from .adapters import stage
+        from .adapters import stage, transport_tensors
 
         t0 = time.perf_counter()
-        path = stage(name, config_json, infos_json, int(keep))
+        infos = json.loads(infos_json)
+        ipc = bool(infos) and "buffer" in infos[0]
+        path = stage(name, config_json, (lambda: self._agrpo_ipc_copy(infos[0])) if ipc
+                     else (lambda: transport_tensors(infos)), int(keep))
         return {"path": path, "stage_s": time.perf_counter() - t0}
 
     def agrpo_load_weights(self, update_info_json: str) -> dict:
@@ -101,21 +104,37 @@ class AgrpoWorkerExtension:
             why = f"vLLM worker on GPU {uuid}, the trainer on GPU {trainer_gpu_uuid}: CUDA IPC needs one GPU"
         return {"ok": why is None, "why": why or "", "uuid": uuid}
 
+    def _agrpo_ipc_buffer(self, info: dict):
+        """The trainer's CUDA IPC buffer that `info` names, opened once per handle (ipc.py)."""
+        from .ipc import OpenBuffer
+
+        if not hasattr(self, "_agrpo_ipc"):
+            self._agrpo_ipc = OpenBuffer()
+        return self._agrpo_ipc.get(info["buffer"], _device_index(self))
+
+    def _agrpo_ipc_copy(self, info: dict) -> dict:
+        """CPU copies of the tensors `info` lays out in the trainer's IPC buffer (a LoRA adapter:
+        vLLM loads adapters from files). Copied before returning: the trainer reuses the buffer."""
+        from .ipc import views
+
+        why = direct_load_blocker(self, needs_engine=False)
+        if why is not None:
+            raise RuntimeError(f"CUDA IPC refused: {why}")
+        return {name: t.to("cpu", copy=True) for name, t in views(self._agrpo_ipc_buffer(info), info)}
+
     def agrpo_load_ipc(self, update_info_json: str) -> dict:
         """Load one version from the trainer's IPC buffer (services/trainer/weight_sync/ipc.py)
         as-is; the trainer reuses the buffer once this returns, so it synchronizes first."""
         import torch
 
-        from .ipc import OpenBuffer, views
+        from .ipc import views
 
         why = direct_load_blocker(self, needs_engine=False)
         if why is not None:
             raise RuntimeError(f"direct weight load refused: {why}")
         t0 = time.perf_counter()
         info = json.loads(update_info_json)
-        if not hasattr(self, "_agrpo_ipc"):
-            self._agrpo_ipc = OpenBuffer()
-        buffer = self._agrpo_ipc.get(info["buffer"], _device_index(self))
+        buffer = self._agrpo_ipc_buffer(info)
         opened = time.perf_counter()
         self.get_model().load_weights(views(buffer, info))
         torch.cuda.synchronize()

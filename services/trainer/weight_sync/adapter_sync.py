@@ -34,8 +34,8 @@ log = get_logger("trainer.weight_sync.adapter")
 
 STAGE = "agrpo_stage_adapter"
 INFO = "agrpo_lora_info"
-TRANSPORTS = ("http", "shared_path")
-"""Transports whose payload the worker extension stages (NCCL and CUDA IPC sync merged layers)."""
+TRANSPORTS = ("http", "shared_path", "ipc")
+"""Transports whose payload the worker extension stages (NCCL syncs merged layers)."""
 
 
 @dataclass(frozen=True)

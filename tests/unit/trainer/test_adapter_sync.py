@@ -137,15 +137,49 @@ def test_the_plugin_stages_adapters_in_its_own_folder_and_keeps_the_newest(tmp_p
     import torch
     from safetensors.torch import load_file, save
 
-    from agrpo_vllm_plugin.adapters import stage
+    from agrpo_vllm_plugin.adapters import stage, transport_tensors
 
     monkeypatch.setenv("AGRPO_LORA_DIR", str(tmp_path))
     tensors = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(2, 4)}
-    infos = json.dumps([{"safetensors_b64": base64.b64encode(save(tensors)).decode()}])
+    infos = [{"safetensors_b64": base64.b64encode(save(tensors)).decode()}]
     for version in range(1, 6):
-        path = stage(f"agrpo-v{version}", json.dumps({"r": 2}), infos, 3)
-        assert stage(f"agrpo-v{version}", json.dumps({"r": 2}), infos, 3) == path  # every worker calls it
+        path = stage(f"agrpo-v{version}", json.dumps({"r": 2}), lambda: transport_tensors(infos), 3)
+        again = stage(f"agrpo-v{version}", json.dumps({"r": 2}), lambda: pytest.fail("written twice"), 3)
+        assert again == path  # every worker calls it; the first wrote it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["agrpo-v2", "agrpo-v3", "agrpo-v4", "agrpo-v5"]
     loaded = load_file(str(tmp_path / "agrpo-v5" / "adapter_model.safetensors"))
     assert torch.equal(next(iter(loaded.values())), torch.ones(2, 4))
     assert json.loads((tmp_path / "agrpo-v5" / "adapter_config.json").read_text()) == {"r": 2}
+
+
+def test_the_worker_stages_an_adapter_from_the_trainers_ipc_buffer(tmp_path, monkeypatch):
+    """One GPU: the adapter travels in the trainer's CUDA IPC buffer (weight_sync/ipc.py) and the
+    worker copies it out before answering (the trainer reuses the buffer)."""
+    from types import SimpleNamespace
+
+    import torch
+    from safetensors.torch import load_file
+
+    from agrpo.services.trainer.weight_sync import ipc
+    from agrpo.services.trainer.weight_sync.transports import manifest
+    from agrpo_vllm_plugin.worker import AgrpoWorkerExtension
+
+    monkeypatch.setenv("AGRPO_LORA_DIR", str(tmp_path))
+    named = [("base_model.model.model.layers.0.mlp.up_proj.lora_A.weight", torch.randn(4, 8)),
+             ("base_model.model.model.layers.0.mlp.up_proj.lora_B.weight", torch.randn(16, 4).bfloat16())]
+    offsets, total = ipc.byte_offsets([t.numel() * t.element_size() for _, t in named])
+    buffer = torch.zeros(total, dtype=torch.uint8)
+    ipc.pack_into(buffer, named, offsets)
+    monkeypatch.setattr("torch.multiprocessing.reductions.rebuild_cuda_tensor", lambda *a: buffer)
+    share = ipc.share_fields((None, torch.Size([total]), None, 0, None, None, 0, b"h", total, 0, False, b"c", 0,
+                              None, False), "GPU-a")
+    info = {"buffer": share, **manifest(named), "offsets": offsets}
+    worker = AgrpoWorkerExtension()
+    worker.device = SimpleNamespace(type="cuda", index=0)
+    worker.vllm_config = SimpleNamespace(model_config=SimpleNamespace(quantization=None))
+    answer = worker.agrpo_stage_adapter("agrpo-v7", json.dumps({"r": 4}), json.dumps([info]), "3")
+    buffer.zero_()  # the trainer packs the next version
+    staged = load_file(str(tmp_path / "agrpo-v7" / "adapter_model.safetensors"))
+    assert answer["path"] == str(tmp_path / "agrpo-v7")
+    for name, want in named:
+        assert staged[name].dtype == want.dtype and torch.equal(staged[name], want)
