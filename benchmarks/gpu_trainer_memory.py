@@ -17,6 +17,9 @@ prompt, `--completion`-token completions). Modes (config keys in brackets):
            smaller than a weight's bf16 resolution (~0.4%) are lost
   offload  fsdp + FSDP2 CPU offload (trainer.cpu_offload): weights, gradients and AdamW
            state in pinned CPU memory, the optimizer steps on CPU
+  lora     a LoRA adapter, r 16 on every linear layer (peft), over frozen bf16 base weights
+           (dtype bfloat16): gradients and AdamW state for the adapter alone
+  lora_fp32  the same over fp32 base weights (dtype float32, bf16 autocast)
 
 `peak_GiB` is torch.cuda.max_memory_allocated over the timed steps; `static_GiB` the
 memory held between steps (weights, gradients, optimizer state).
@@ -40,7 +43,10 @@ MODES = {
     "bf16": {"dtype": "bfloat16", "trainer": {}},
     "bf16_fsdp": {"dtype": "bfloat16", "trainer": {"fsdp": True}},
     "offload": {"dtype": "float32", "trainer": {"cpu_offload": True}},
+    "lora": {"dtype": "bfloat16", "trainer": {}, "peft": True},
+    "lora_fp32": {"dtype": "float32", "trainer": {}, "peft": True},
 }
+LORA = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
 
 
 def one_mode(a) -> dict:
@@ -53,7 +59,8 @@ def one_mode(a) -> dict:
 
     over = MODES[a.mode]
     cfg = AgrpoConfig(model=a.model, tokenizer=a.tokenizer, dtype=over["dtype"], gradient_checkpointing=True,
-                      learning_rate=1e-6, trainer={"compile": not a.no_compile, **over["trainer"]})
+                      learning_rate=1e-6, trainer={"compile": not a.no_compile, **over["trainer"]},
+                      peft=LORA if over.get("peft") else None)
     cuda = torch.cuda.is_available()  # CPU: a smoke run of the script (memory columns 0)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     world = ranks.World()
@@ -63,6 +70,7 @@ def one_mode(a) -> dict:
     build_s = time.perf_counter() - t0
     vocab = engine.model.get_input_embeddings().num_embeddings
     n_params = sum(p.numel() for p in engine.model.parameters())
+    trained = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
     samples = make_samples(a.groups, a.group_size, a.prompt, a.completion, vocab)
     mb = _mb(tree_rows(samples, a.group_size))
     tokens = sum(len(s) for row in mb.rows for s in row.samples)
@@ -79,7 +87,7 @@ def one_mode(a) -> dict:
         sync()
         times.append(time.perf_counter() - t)
     step = statistics.median(times[a.warmup:])
-    return dict(mode=a.mode, params_M=round(n_params / 1e6), tokens=tokens, build_s=round(build_s, 1),
+    return dict(mode=a.mode, params_M=round(n_params / 1e6), trained_M=round(trained / 1e6, 1), tokens=tokens, build_s=round(build_s, 1),
                 first_step_s=round(times[0], 1), step_s=round(step, 3), tokens_per_s=round(tokens / step),
                 static_GiB=round(static / 2**30, 1), peak_GiB=round(torch.cuda.max_memory_allocated() / 2**30 if cuda else 0, 1),
                 loss=stats["loss"], compile=not a.no_compile, gpu=torch.cuda.get_device_name() if cuda else "cpu")
@@ -109,7 +117,7 @@ def run_all(a) -> int:
 
 def print_table(path: str) -> int:
     rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
-    cols = ["model", "mode", "params_M", "tokens_per_s", "step_s", "static_GiB", "peak_GiB", "first_step_s", "error"]
+    cols = ["model", "mode", "params_M", "trained_M", "tokens_per_s", "step_s", "static_GiB", "peak_GiB", "first_step_s", "error"]
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(str(r.get(c, "")) for c in cols))

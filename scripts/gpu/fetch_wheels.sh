@@ -7,14 +7,16 @@
 # matplotlib, jinja2, prometheus-client, numpy, pandas, pyarrow, fsspec, huggingface-hub,
 # requests, xxhash, sympy; vLLM archive: pydantic(+core), typing_extensions, annotated_types,
 # typing_inspection). The image's grpcio/protobuf are too old for our generated stubs.
-# math-verify + latex2sympy2_extended + antlr4 serve the `accuracy` reward (lazy; ~0.4 MiB).
+# math-verify + latex2sympy2_extended + antlr4 serve the `accuracy` reward (lazy; ~0.4 MiB);
+# peft + accelerate serve LoRA (the trainer's `peft` section, docs/lora.md).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd); cd "$ROOT"
 DEST=${DEST:-.whl}; PYVER=${PYVER:-3.12}  # the device's Python; PYVER=3.11 only for a dry run here
 # name==version used when .venv lacks the package
 PINS="grpcio==1.85.3 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 protobuf==7.36.2
 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
-math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2"
+math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
+peft==0.21.2 accelerate==1.16.0"
 PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
 
 grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude

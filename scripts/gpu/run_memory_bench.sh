@@ -2,7 +2,7 @@
 # run_memory_bench.sh: the trainer engine per memory mode on one GPU (benchmarks/gpu_trainer_memory.py):
 # tokens/s and memory of today's path, FSDP2 on one rank, bf16 weights + AdamW, FSDP2 CPU offload.
 # From the repo root, carrying .whl and .whl-mem (pydantic for py3.12: the image lacks it).
-# Knobs: SIZES="qwen2-1.5b"  MODES="plain,fsdp,bf16,offload"  LIMIT=240 (s per mode)  EXTRA="--no-compile"
+# Knobs: SIZES="qwen2-1.5b"  MODES="plain,fsdp,bf16,offload" (LoRA rows: MODES=plain,bf16,lora SIZES="qwen2-1.5b qwen2-7b")  LIMIT=240 (s per mode)  EXTRA="--no-compile"
 # Into $OUT: mem.jsonl, <size>.log
 set -uo pipefail
 ROOT=$(pwd); OUT=${OUT:-/tmp/mem-out}; mkdir -p "$OUT"; SITE=${SITE:-/tmp/site}
