@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from agrpo.v1 import common_pb2 as agrpo_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x61grpo/v1/trainer_service.proto\x12\x08\x61grpo.v1\x1a\x15\x61grpo/v1/common.proto\"B\n\x10PushSamplesHello\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12\x19\n\x11prompts_per_epoch\x18\x02 \x01(\x04\"\xa8\x01\n\x12PushSamplesRequest\x12+\n\x05hello\x18\x01 \x01(\x0b\x32\x1a.agrpo.v1.PushSamplesHelloH\x00\x12)\n\x06sample\x18\x02 \x01(\x0b\x32\x17.agrpo.v1.RolloutSampleH\x00\x12/\n\theartbeat\x18\x03 \x01(\x0b\x32\x1a.agrpo.v1.HeartbeatRequestH\x00\x42\t\n\x07payload\"\x81\x01\n\tSampleAck\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12(\n\x07outcome\x18\x02 \x01(\x0e\x32\x17.agrpo.v1.SampleOutcome\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\'\n\nprompt_key\x18\x04 \x01(\x0b\x32\x13.agrpo.v1.PromptKey\"\x9c\x01\n\x13PushSamplesResponse\x12!\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x13.agrpo.v1.SampleAck\x12\x0f\n\x07\x63redits\x18\x02 \x01(\r\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12+\n\x0cresume_point\x18\x04 \x01(\x0b\x32\x15.agrpo.v1.ResumePoint\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\"(\n\x12WatchPolicyRequest\x12\x12\n\nwatcher_id\x18\x01 \x01(\t\">\n\x13WatchPolicyResponse\x12\'\n\x06policy\x18\x01 \x01(\x0b\x32\x17.agrpo.v1.PolicyVersion\"\x17\n\x15GetResumePointRequest\"E\n\x16GetResumePointResponse\x12+\n\x0cresume_point\x18\x01 \x01(\x0b\x32\x15.agrpo.v1.ResumePoint*\xc5\x01\n\rSampleOutcome\x12\x1e\n\x1aSAMPLE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17SAMPLE_OUTCOME_ACCEPTED\x10\x01\x12\x1a\n\x16SAMPLE_OUTCOME_TRAINED\x10\x02\x12\x1c\n\x18SAMPLE_OUTCOME_DUPLICATE\x10\x03\x12 \n\x1cSAMPLE_OUTCOME_DROPPED_STALE\x10\x04\x12\x1b\n\x17SAMPLE_OUTCOME_REJECTED\x10\x05\x32\x8f\x03\n\x0eTrainerService\x12N\n\x0bPushSamples\x12\x1c.agrpo.v1.PushSamplesRequest\x1a\x1d.agrpo.v1.PushSamplesResponse(\x01\x30\x01\x12L\n\x0bWatchPolicy\x12\x1c.agrpo.v1.WatchPolicyRequest\x1a\x1d.agrpo.v1.WatchPolicyResponse0\x01\x12\x44\n\tHeartbeat\x12\x1a.agrpo.v1.HeartbeatRequest\x1a\x1b.agrpo.v1.HeartbeatResponse\x12\x44\n\tGetStatus\x12\x1a.agrpo.v1.GetStatusRequest\x1a\x1b.agrpo.v1.GetStatusResponse\x12S\n\x0eGetResumePoint\x12\x1f.agrpo.v1.GetResumePointRequest\x1a .agrpo.v1.GetResumePointResponseB@\n\x08\x61grpo.v1B\x13TrainerServiceProtoP\x01Z\x1d\x61grpo/gen/go/agrpo/v1;agrpov1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x61grpo/v1/trainer_service.proto\x12\x08\x61grpo.v1\x1a\x15\x61grpo/v1/common.proto\"B\n\x10PushSamplesHello\x12\x13\n\x0bproducer_id\x18\x01 \x01(\t\x12\x19\n\x11prompts_per_epoch\x18\x02 \x01(\x04\"\xa8\x01\n\x12PushSamplesRequest\x12+\n\x05hello\x18\x01 \x01(\x0b\x32\x1a.agrpo.v1.PushSamplesHelloH\x00\x12)\n\x06sample\x18\x02 \x01(\x0b\x32\x17.agrpo.v1.RolloutSampleH\x00\x12/\n\theartbeat\x18\x03 \x01(\x0b\x32\x1a.agrpo.v1.HeartbeatRequestH\x00\x42\t\n\x07payload\"\x81\x01\n\tSampleAck\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12(\n\x07outcome\x18\x02 \x01(\x0e\x32\x17.agrpo.v1.SampleOutcome\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\'\n\nprompt_key\x18\x04 \x01(\x0b\x32\x13.agrpo.v1.PromptKey\"\xb2\x01\n\x13PushSamplesResponse\x12!\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x13.agrpo.v1.SampleAck\x12\x0f\n\x07\x63redits\x18\x02 \x01(\r\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12+\n\x0cresume_point\x18\x04 \x01(\x0b\x32\x15.agrpo.v1.ResumePoint\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\x12\x14\n\x0clora_adapter\x18\x06 \x01(\t\"(\n\x12WatchPolicyRequest\x12\x12\n\nwatcher_id\x18\x01 \x01(\t\">\n\x13WatchPolicyResponse\x12\'\n\x06policy\x18\x01 \x01(\x0b\x32\x17.agrpo.v1.PolicyVersion\"\x17\n\x15GetResumePointRequest\"E\n\x16GetResumePointResponse\x12+\n\x0cresume_point\x18\x01 \x01(\x0b\x32\x15.agrpo.v1.ResumePoint*\xc5\x01\n\rSampleOutcome\x12\x1e\n\x1aSAMPLE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17SAMPLE_OUTCOME_ACCEPTED\x10\x01\x12\x1a\n\x16SAMPLE_OUTCOME_TRAINED\x10\x02\x12\x1c\n\x18SAMPLE_OUTCOME_DUPLICATE\x10\x03\x12 \n\x1cSAMPLE_OUTCOME_DROPPED_STALE\x10\x04\x12\x1b\n\x17SAMPLE_OUTCOME_REJECTED\x10\x05\x32\x8f\x03\n\x0eTrainerService\x12N\n\x0bPushSamples\x12\x1c.agrpo.v1.PushSamplesRequest\x1a\x1d.agrpo.v1.PushSamplesResponse(\x01\x30\x01\x12L\n\x0bWatchPolicy\x12\x1c.agrpo.v1.WatchPolicyRequest\x1a\x1d.agrpo.v1.WatchPolicyResponse0\x01\x12\x44\n\tHeartbeat\x12\x1a.agrpo.v1.HeartbeatRequest\x1a\x1b.agrpo.v1.HeartbeatResponse\x12\x44\n\tGetStatus\x12\x1a.agrpo.v1.GetStatusRequest\x1a\x1b.agrpo.v1.GetStatusResponse\x12S\n\x0eGetResumePoint\x12\x1f.agrpo.v1.GetResumePointRequest\x1a .agrpo.v1.GetResumePointResponseB@\n\x08\x61grpo.v1B\x13TrainerServiceProtoP\x01Z\x1d\x61grpo/gen/go/agrpo/v1;agrpov1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agrpo.v1.trainer_service_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\010agrpo.v1B\023TrainerServiceProtoP\001Z\035agrpo/gen/go/agrpo/v1;agrpov1'
-  _globals['_SAMPLEOUTCOME']._serialized_start=800
-  _globals['_SAMPLEOUTCOME']._serialized_end=997
+  _globals['_SAMPLEOUTCOME']._serialized_start=822
+  _globals['_SAMPLEOUTCOME']._serialized_end=1019
   _globals['_PUSHSAMPLESHELLO']._serialized_start=67
   _globals['_PUSHSAMPLESHELLO']._serialized_end=133
   _globals['_PUSHSAMPLESREQUEST']._serialized_start=136
@@ -42,15 +42,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLEACK']._serialized_start=307
   _globals['_SAMPLEACK']._serialized_end=436
   _globals['_PUSHSAMPLESRESPONSE']._serialized_start=439
-  _globals['_PUSHSAMPLESRESPONSE']._serialized_end=595
-  _globals['_WATCHPOLICYREQUEST']._serialized_start=597
-  _globals['_WATCHPOLICYREQUEST']._serialized_end=637
-  _globals['_WATCHPOLICYRESPONSE']._serialized_start=639
-  _globals['_WATCHPOLICYRESPONSE']._serialized_end=701
-  _globals['_GETRESUMEPOINTREQUEST']._serialized_start=703
-  _globals['_GETRESUMEPOINTREQUEST']._serialized_end=726
-  _globals['_GETRESUMEPOINTRESPONSE']._serialized_start=728
-  _globals['_GETRESUMEPOINTRESPONSE']._serialized_end=797
-  _globals['_TRAINERSERVICE']._serialized_start=1000
-  _globals['_TRAINERSERVICE']._serialized_end=1399
+  _globals['_PUSHSAMPLESRESPONSE']._serialized_end=617
+  _globals['_WATCHPOLICYREQUEST']._serialized_start=619
+  _globals['_WATCHPOLICYREQUEST']._serialized_end=659
+  _globals['_WATCHPOLICYRESPONSE']._serialized_start=661
+  _globals['_WATCHPOLICYRESPONSE']._serialized_end=723
+  _globals['_GETRESUMEPOINTREQUEST']._serialized_start=725
+  _globals['_GETRESUMEPOINTREQUEST']._serialized_end=748
+  _globals['_GETRESUMEPOINTRESPONSE']._serialized_start=750
+  _globals['_GETRESUMEPOINTRESPONSE']._serialized_end=819
+  _globals['_TRAINERSERVICE']._serialized_start=1022
+  _globals['_TRAINERSERVICE']._serialized_end=1421
 # @@protoc_insertion_point(module_scope)

@@ -54,18 +54,20 @@ class SampleAck(_message.Message):
     def __init__(self, sample_id: _Optional[str] = ..., outcome: _Optional[_Union[SampleOutcome, str]] = ..., reason: _Optional[str] = ..., prompt_key: _Optional[_Union[_common_pb2.PromptKey, _Mapping]] = ...) -> None: ...
 
 class PushSamplesResponse(_message.Message):
-    __slots__ = ("acks", "credits", "policy_version", "resume_point", "done")
+    __slots__ = ("acks", "credits", "policy_version", "resume_point", "done", "lora_adapter")
     ACKS_FIELD_NUMBER: _ClassVar[int]
     CREDITS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     RESUME_POINT_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     acks: _containers.RepeatedCompositeFieldContainer[SampleAck]
     credits: int
     policy_version: int
     resume_point: _common_pb2.ResumePoint
     done: bool
-    def __init__(self, acks: _Optional[_Iterable[_Union[SampleAck, _Mapping]]] = ..., credits: _Optional[int] = ..., policy_version: _Optional[int] = ..., resume_point: _Optional[_Union[_common_pb2.ResumePoint, _Mapping]] = ..., done: _Optional[bool] = ...) -> None: ...
+    lora_adapter: str
+    def __init__(self, acks: _Optional[_Iterable[_Union[SampleAck, _Mapping]]] = ..., credits: _Optional[int] = ..., policy_version: _Optional[int] = ..., resume_point: _Optional[_Union[_common_pb2.ResumePoint, _Mapping]] = ..., done: _Optional[bool] = ..., lora_adapter: _Optional[str] = ...) -> None: ...
 
 class WatchPolicyRequest(_message.Message):
     __slots__ = ("watcher_id",)

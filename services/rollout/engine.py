@@ -30,7 +30,7 @@ from agrpo.services.common.logging import get_logger
 from agrpo.services.common.metrics import IdleClock
 from agrpo.services.common.preflight import StartupError
 from agrpo.services.common.timeouts import ISSUE_RECHECK_S
-from agrpo.services.common.versions import Lineage
+from agrpo.services.common.versions import Lineage, adapter_version
 
 from .balancer import GenerationFailed
 from .groups import GenerationContext, Group
@@ -243,12 +243,11 @@ class Engine:
 
     def on_version(self, version: int, adapter: str = "") -> None:
         """A newer policy: abort in-flight groups it makes too stale, sweep the send buffer.
-        `adapter` (adapter-only LoRA sync) is set only by the announcement that the servers hold
-        it; the trainer's answers to pushed samples name its version before then, and requests
-        keep the newest adapter announced until its successor is (naming none would sample the
-        base model)."""
-        if adapter and version >= self.adapter_version:
-            self.adapter, self.adapter_version = adapter, version
+        `adapter` (adapter-only LoRA sync) is the newest one the servers hold, which may be of an
+        older version: the trainer mints a version before its adapter is in vLLM. Requests name
+        the newest adapter heard of (naming none would sample the base model)."""
+        if adapter and adapter_version(adapter) >= self.adapter_version:
+            self.adapter, self.adapter_version = adapter, adapter_version(adapter)
         if version <= self.version:
             return
         self.version = version

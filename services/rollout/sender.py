@@ -43,8 +43,9 @@ class SenderHooks(Protocol):
     def on_group_done(self, key: tuple[int, int], ok: bool, reason: str) -> None:
         """Every sample of the group is final at the trainer; ok: some of it was trained."""
 
-    def on_version(self, version: int) -> None:
-        """The trainer's policy version, as a PushSamples answer carries it."""
+    def on_version(self, version: int, adapter: str = "") -> None:
+        """The trainer's policy version, as a PushSamples answer carries it, and the newest LoRA
+        adapter the servers hold (adapter-only sync, else "")."""
 
     def on_lineage(self, lineage: Lineage) -> None:
         """The trainer's lineage, from the resume point."""
@@ -250,8 +251,8 @@ class Sender:
     def _on_response(self, resp: trainer_pb.PushSamplesResponse) -> None:
         self.hooks.on_heard()
         self.credits += resp.credits
-        if resp.policy_version:
-            self.hooks.on_version(resp.policy_version)
+        if resp.policy_version:  # before the credits it carries are spent (on_credits)
+            self.hooks.on_version(resp.policy_version, resp.lora_adapter)
         for ack in resp.acks:
             self._on_ack(ack)
         if resp.credits:

@@ -68,6 +68,11 @@ class TrainerServicer(trainer_grpc.TrainerServiceServicer):
     def _version(self) -> int:
         return self.app.state.version
 
+    def _adapter(self) -> str:
+        """The newest LoRA adapter the servers hold (adapter-only sync), else ""."""
+        current = self.app.board.current
+        return current.lora_adapter if current is not None else ""
+
     def resume_point(self) -> common_pb2.ResumePoint:
         ledger = self.app.state.ledger
         return common_pb2.ResumePoint(step=self.app.state.step, policy_version=self._version(),
@@ -79,7 +84,8 @@ class TrainerServicer(trainer_grpc.TrainerServiceServicer):
         acks = [trainer_pb.SampleAck(sample_id=a.sample_id, outcome=_outcome_enum(a.outcome), reason=a.reason,
                                      prompt_key=_prompt_key(a.prompt_key)) for a in out.acks]
         msg = trainer_pb.PushSamplesResponse(acks=acks, credits=out.credits,
-                                             policy_version=self._version(), done=out.done)
+                                             policy_version=self._version(), done=out.done,
+                                             lora_adapter=self._adapter())
         if out.first:
             msg.resume_point.CopyFrom(self.resume_point())
         return msg

@@ -92,11 +92,9 @@ def test_every_prompt_trained_once_per_epoch(demo_run):
 
 def test_pacing_keeps_stale_drops_under_two_percent(demo_run):
     """Generation is held to max_staleness ahead of training, so almost nothing generated is thrown
-    away: counts from the services' own status (samples generated, stale drops at both ends).
-    Adapter-only LoRA sync measured 2.0% in three runs (two groups of 98 reached the trainer past
-    the bound; full-weight sync: none), so its bound is 5%."""
+    away: counts from the services' own status (samples generated, stale drops at both ends),
+    with full weights and with adapter-only LoRA sync alike."""
     out, _ = demo_run
     summary = json.loads((out / "summary.json").read_text())
-    lora = any((p / "adapter_config.json").exists() for p in (out / "trainer_output").glob("checkpoint-*"))
     assert summary["samples_generated"] >= 0.9 * summary["samples_trained"] > 0, summary
-    assert summary["dropped_stale_share"] <= (0.05 if lora else 0.02), summary
+    assert summary["dropped_stale_share"] <= 0.02, summary

@@ -118,8 +118,13 @@ async def _own_stream(channel: grpc.aio.Channel, case: Case, timeout: float) -> 
     hello = trainer_pb.PushSamplesRequest(hello=trainer_pb.PushSamplesHello(producer_id=f"fuzz-{case.index}"))
     ack = reason = None
     try:
-        for msg in ([hello.SerializeToString()] if case.channel == "frame" else []) + [case.frame, PROBE]:
+        if case.channel == "first":  # the frame is the hello: its answer (or the call's end) first, so
+            await call.write(case.frame)  # nothing is written into a call the server already ended
+            if await call.read() is grpc.aio.EOF:
+                return None, "", (await call.code()).name
+        for msg in [hello.SerializeToString(), case.frame] if case.channel == "frame" else []:
             await call.write(msg)
+        await call.write(PROBE)
         while (resp := await call.read()) is not grpc.aio.EOF:
             for a in resp.acks:
                 if a.sample_id == PROBE_ID:

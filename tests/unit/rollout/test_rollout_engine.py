@@ -205,14 +205,14 @@ async def test_tag_is_the_oldest_span_version():
 
 
 
-def test_requests_keep_the_newest_announced_adapter_until_its_successor_is_announced():
-    """The trainer's answers to pushed samples name a version before its adapter is in vLLM: a
-    request must not fall back to the base model (no adapter) in between, nor go back to an
-    older adapter announced late."""
+def test_requests_name_the_newest_adapter_the_servers_hold():
+    """The trainer mints a version before its adapter is in vLLM: a request must not fall back to
+    the base model (no adapter) in between, nor go back to an older adapter heard of late."""
     eng, _, _ = make()
     eng.on_version(2, "agrpo-v2")
-    eng.on_version(3)  # a PushSamples answer: version 3 is minted, its adapter not loaded yet
+    eng.on_version(3)  # a version minted, its adapter not loaded yet
     assert (eng.version, eng.adapter) == (3, "agrpo-v2")
-    eng.on_version(3, "agrpo-v3")  # WatchPolicy: the servers hold it
-    eng.on_version(2, "agrpo-v2")  # late
-    assert (eng.version, eng.adapter) == (3, "agrpo-v3")
+    eng.on_version(4, "agrpo-v3")  # a PushSamples answer: version 4 minted, agrpo-v3 served
+    assert (eng.version, eng.adapter) == (4, "agrpo-v3")
+    eng.on_version(3, "agrpo-v2")  # late
+    assert (eng.version, eng.adapter) == (4, "agrpo-v3")

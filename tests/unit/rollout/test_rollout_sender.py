@@ -15,6 +15,7 @@ class Hooks:
         self.stale_below = -1
         self.done = []
         self.sent = []
+        self.versions = []
 
     def is_stale(self, version):
         return version <= self.stale_below
@@ -31,8 +32,8 @@ class Hooks:
     def on_credits(self):
         pass
 
-    def on_version(self, version):
-        pass
+    def on_version(self, version, adapter=""):
+        self.versions.append((version, adapter))
 
 
 def group(index, version, size=4):
@@ -89,3 +90,10 @@ async def test_a_group_finished_while_queued_for_resend_leaves_the_queue(sender)
     assert sender.unsent_count == 4
     ack(sender, [f"g0-{k}" for k in range(4)], trainer_pb.SAMPLE_OUTCOME_DUPLICATE)
     assert sender.unsent_count == 0 and sender._next_sendable() is None
+
+
+async def test_an_answer_names_the_served_adapter_with_the_credits_it_carries(sender):
+    """Adapter-only LoRA sync: the credits a published version opens come with its adapter, so
+    a request they pay for names it (not the older one a WatchPolicy stream may still hold)."""
+    sender._on_response(trainer_pb.PushSamplesResponse(credits=4, policy_version=6, lora_adapter="agrpo-v5"))
+    assert sender.hooks.versions == [(6, "agrpo-v5")] and sender.credits == 4
