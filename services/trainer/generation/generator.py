@@ -19,12 +19,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling import SamplingParams, processed_logprobs, sample
+from agrpo.services.common.logging import get_logger
 
+from .sampling import SamplingParams, processed_logprobs, sample
+from .static_decode import Decoder, bucket
+
+log = get_logger("trainer.generation")
 GATHER_S = 0.002
 """How long the first request of a batch waits for others sent with it (a group's, a step's)."""
 PRUNE_SHARE = 0.25
 """Finished sequences leave the batch (their KV is dropped) once they are this share of it."""
+KEPT_DECODERS = 4
+"""Fixed-shape decoders (batch size x cache length, each with its cache and graph) kept for reuse."""
 
 
 @dataclass
@@ -67,7 +73,7 @@ class Generator:
     """Decodes batches of requests on its own copy of a causal LM (blocking calls run in a thread)."""
 
     def __init__(self, model: torch.nn.Module, stop_ids: set[int], max_model_len: int, seed: int = 0,
-                 max_sequences: int = 512) -> None:
+                 max_sequences: int = 512, static: bool | None = None) -> None:
         self.model = _uncompiled(copy.deepcopy(model)).eval().requires_grad_(False)
         self.device = next(self.model.parameters()).device
         self.stop_ids = set(stop_ids)
@@ -78,6 +84,11 @@ class Generator:
         self._rng = torch.Generator().manual_seed(seed)
         self._queue: asyncio.Queue[Request] = asyncio.Queue()
         self._pending: dict[str, Request] = {}
+        self.static = self.device.type == "cuda" if static is None else static
+        """Fixed-shape decode steps (static_decode.py): on a GPU, where launches are the cost."""
+        self.graphs = self.static and self.device.type == "cuda"
+        """Replay them as CUDA graphs (off after a capture fails)."""
+        self._decoders: dict[tuple[int, int], Decoder] = {}
 
     # Weights
     def load(self, source: torch.nn.Module, label: str) -> None:
@@ -145,10 +156,11 @@ class Generator:
         owner = [i for i, r in enumerate(requests) for _ in range(r.params.n)]
         params = [requests[i].params for i in owner]
         choices = [Choice() for _ in owner]
+        budget = [min(p.max_tokens, self.max_model_len - len(requests[i].prompt)) for p, i in zip(params, owner)]
         logits, cache, mask, position, label = self._prefill(requests, owner)
+        stepper = self._stepper(cache, mask, position, max(budget))
         rows = list(range(len(owner)))  # the sequence of each batch row
         live = set(rows)  # sequences still generating
-        budget = [min(p.max_tokens, self.max_model_len - len(requests[i].prompt)) for p, i in zip(params, owner)]
         while live:
             self._block_early_stops(logits, [choices[s] for s in rows], [params[s] for s in rows])
             logprobs = processed_logprobs(logits, [params[s] for s in rows])  # of the weights `label` names
@@ -166,20 +178,42 @@ class Generator:
                     live.discard(s)
             if not live:
                 break
-            if len(live) <= (1 - PRUNE_SHARE) * len(rows):  # drop finished rows and their KV
-                keep = [r for r, s in enumerate(rows) if s in live]
-                index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                mask, position, tokens = mask[index], position[index], tokens[index]
-                rows = [rows[r] for r in keep]
-            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
-            position = position + 1
+            rows, tokens = stepper.prune(rows, live, tokens)
             with self._lock:
-                out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=position.unsqueeze(1),
-                                 past_key_values=cache, use_cache=True)
+                logits = stepper.advance(tokens)
                 label = self.label
-            logits, cache = out.logits[:, -1, :], out.past_key_values
         return [[choices[s] for s in range(len(owner)) if owner[s] == i] for i in range(len(requests))]
+
+    def _stepper(self, cache, mask: torch.Tensor, position: torch.Tensor, most_tokens: int):
+        """Fixed-shape steps (a CUDA graph each) on a GPU, a growing cache elsewhere, and where
+        fixed-shape steps fail (a model whose forward they do not fit: one warning)."""
+        if self.static:
+            try:
+                return _Fixed(self._decoder(cache, mask, position, most_tokens))
+            except Exception as exc:  # noqa: BLE001 - the growing cache always works
+                log.warning("decoding with a growing cache (fixed-shape steps failed: %s: %s)", type(exc).__name__,
+                            str(exc).splitlines()[0][:200] if str(exc) else "")
+                self.static = self.graphs = False
+        return _Growing(self.model, cache, mask, position)
+
+    def _decoder(self, cache, mask: torch.Tensor, position: torch.Tensor, most_tokens: int) -> Decoder:
+        """The fixed-shape decoder of this batch's shape (built, and captured, on first use), started."""
+        rows, heads, _, head_dim = cache.layers[0].keys.shape
+        length = bucket(mask.shape[1] + most_tokens)  # positions, not the cache, are bounded by max_model_len
+        key = (rows, length)
+        decoder = self._decoders.pop(key, None)
+        if decoder is None:
+            decoder = Decoder(self.model, rows, length, (heads, head_dim), cache.layers[0].keys.dtype, self.device)
+            with self._lock:  # no weight load between the eager step and the replay it checks
+                if self.graphs:
+                    self.graphs = decoder.capture()
+                else:
+                    decoder.warm_up()  # a step that cannot run fails here, not mid-batch
+        self._decoders[key] = decoder  # the newest last; the oldest goes beyond KEPT_DECODERS
+        while len(self._decoders) > KEPT_DECODERS:
+            self._decoders.pop(next(iter(self._decoders)))
+        decoder.start(cache, mask, position)
+        return decoder
 
     def _prefill(self, requests: list[Request], owner: list[int]):
         """Each prompt once, left-padded; then its KV, mask and next position repeated for its n."""
@@ -220,6 +254,44 @@ class Generator:
         if len(choice.token_ids) >= budget:
             return "length"
         return None
+
+
+class _Growing:
+    """Steps over a cache that grows by a token a step; finished rows leave the batch."""
+
+    def __init__(self, model: torch.nn.Module, cache, mask: torch.Tensor, position: torch.Tensor) -> None:
+        self.model, self.cache, self.mask, self.position = model, cache, mask, position
+
+    def prune(self, rows: list[int], live: set[int], tokens: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        """Drop finished rows (and their KV) once they are PRUNE_SHARE of the batch."""
+        if len(live) > (1 - PRUNE_SHARE) * len(rows):
+            return rows, tokens
+        keep = [r for r, s in enumerate(rows) if s in live]
+        index = torch.tensor(keep, device=tokens.device)
+        self.cache.batch_select_indices(index)
+        self.mask, self.position = self.mask[index], self.position[index]
+        return [rows[r] for r in keep], tokens[index]
+
+    def advance(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(tokens), 1)], dim=1)
+        self.position = self.position + 1
+        out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=self.mask,
+                         position_ids=self.position.unsqueeze(1), past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        return out.logits[:, -1, :]
+
+
+class _Fixed:
+    """Steps of fixed shape (static_decode.py); every row stays to the end of the batch."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self.decoder = decoder
+
+    def prune(self, rows: list[int], live: set[int], tokens: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        return rows, tokens
+
+    def advance(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.decoder.step(tokens)
 
 
 def _uncompiled(model: torch.nn.Module) -> torch.nn.Module:

@@ -44,8 +44,13 @@ def _own_logprobs(model, prompt: list[int], completion: list[int], temperature: 
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion).unsqueeze(1)).squeeze(1).tolist()
 
 
-def test_completions_carry_the_models_own_logprobs_whatever_the_padding(model):
-    gen = Generator(model, stop_ids=set(), max_model_len=512)
+STEPS = pytest.mark.parametrize("static", [False, True], ids=["growing", "fixed"])
+"""Both decode paths: a growing cache (CPU) and fixed-shape steps (the GPU's, CUDA graphs aside)."""
+
+
+@STEPS
+def test_completions_carry_the_models_own_logprobs_whatever_the_padding(model, static):
+    gen = Generator(model, stop_ids=set(), max_model_len=512, static=static)
     prompts = [[5, 6, 7], list(range(10, 31))]  # left-padded together
     requests = [Request(f"r{i}", p, SamplingParams(max_tokens=9, temperature=0.7, n=3)) for i, p in enumerate(prompts)]
     results = gen.generate(requests)
@@ -56,9 +61,10 @@ def test_completions_carry_the_models_own_logprobs_whatever_the_padding(model):
             assert c.logprobs == pytest.approx(_own_logprobs(model, prompt, c.token_ids, 0.7), abs=2e-4)
 
 
-def test_stops_min_tokens_and_max_model_len(model):
+@STEPS
+def test_stops_min_tokens_and_max_model_len(model, static):
     vocab = model.config.vocab_size
-    gen = Generator(model, stop_ids=set(range(1, vocab)), max_model_len=12)  # every token but 0 stops
+    gen = Generator(model, stop_ids=set(range(1, vocab)), max_model_len=12, static=static)  # every token but 0 stops
     (early,), (held,), (capped,) = gen.generate([
         Request("a", [1, 2], SamplingParams(max_tokens=5)),
         Request("b", [1, 2], SamplingParams(max_tokens=5, min_tokens=3)),
@@ -133,3 +139,52 @@ def test_the_copy_of_a_compiled_model_decodes_eager_with_its_own_weights(model):
             p.add_(1.0)
         after = gen.model(ids).logits
     assert torch.equal(before, after)
+
+
+def test_fixed_shape_steps_sample_what_growing_ones_do(model):
+    """Same seed, same requests (prompts of different lengths; no row finishes early, so both
+    draw the same random numbers): the same tokens and logprobs from both decode paths, and a
+    fixed-shape decoder reused for a batch of other prompts starts clean."""
+    growing = Generator(model, stop_ids=set(), max_model_len=512, static=False)
+    fixed = Generator(model, stop_ids=set(), max_model_len=512, static=True)
+    for prompts in ([[5, 6, 7], list(range(10, 40))], [list(range(50, 75)), [9]]):  # both 42 -> 64 long
+        requests = [Request(f"r{i}", p, SamplingParams(max_tokens=12, temperature=0.9, n=3)) for i, p in enumerate(prompts)]
+        want, got = growing.generate(requests), fixed.generate(requests)
+        for w, g in zip((c for r in want for c in r), (c for r in got for c in r)):
+            assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason
+            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+    assert len(fixed._decoders) == 1  # one batch shape, one decoder, reused
+
+
+def test_a_graph_that_cannot_be_captured_means_eager_fixed_steps_and_one_warning(model, caplog, monkeypatch):
+    import contextlib
+    from types import SimpleNamespace
+
+    stream = SimpleNamespace(wait_stream=lambda other: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: (_ for _ in ()).throw(RuntimeError("capture refused")))
+    gen = Generator(model, stop_ids=set(), max_model_len=512, static=True)
+    gen.graphs = True  # as on a GPU
+    with caplog.at_level("WARNING"):
+        (choices,) = gen.generate([Request("a", [5, 6, 7], SamplingParams(max_tokens=5, n=2))])
+        gen.generate([Request("b", list(range(9, 60)), SamplingParams(max_tokens=5, n=2))])  # another shape
+    assert [len(c.token_ids) for c in choices] == [5, 5] and gen.graphs is False and gen.static is True
+    warned = [r.getMessage() for r in caplog.records if "CUDA graphs" in r.getMessage()]
+    assert len(warned) == 1 and "capture refused" in warned[0]
+
+
+def test_fixed_steps_that_fail_mean_a_growing_cache_and_one_warning(model, caplog, monkeypatch):
+    from agrpo.services.trainer.generation import static_decode
+
+    def broken(self, *args, **kw):
+        raise TypeError("update() got an unexpected keyword argument")
+
+    monkeypatch.setattr(static_decode.StaticKV, "update", broken)  # a transformers whose cache API differs
+    gen = Generator(model, stop_ids=set(), max_model_len=512, static=True)
+    with caplog.at_level("WARNING"):
+        (choices,) = gen.generate([Request("a", [5, 6, 7], SamplingParams(max_tokens=5, n=2))])
+        gen.generate([Request("b", [5, 6, 7], SamplingParams(max_tokens=5, n=2))])
+    assert [len(c.token_ids) for c in choices] == [5, 5] and gen.static is False
+    assert sum("growing cache" in r.getMessage() for r in caplog.records) == 1

@@ -1,0 +1,145 @@
+"""Decode steps of fixed shape, replayed as one CUDA graph on a GPU.
+
+Why: an eager decode step of a transformers model is hundreds of small kernels launched from
+Python, one token at a time; on a GPU that launch time, not the arithmetic, is the step (a
+0.5B model: tens of ms a token). With every shape fixed the step can be captured once and
+replayed with one launch. Shapes are fixed by:
+
+- a KV cache of one length for the whole batch (`StaticKV`), written at one position per step:
+  prompts are left-padded, so every row's next token lands at the same index;
+- a 4D additive attention mask over that whole length (transformers uses a 4D mask as given),
+  opened one position per step;
+- the rows staying in the batch until the batch is done (a finished row's tokens are ignored).
+
+`Decoder.step` runs the captured graph when there is one, else the same step eagerly (CPU,
+or a GPU where capture failed or disagreed with the eager step: one warning, then eager).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agrpo.services.common.logging import get_logger
+
+log = get_logger("trainer.generation.static")
+
+LENGTH_BUCKET = 32
+"""Cache lengths are rounded up to a multiple of this, so batches of similar lengths share a
+captured graph."""
+GRAPH_TOLERANCE = 2e-2
+"""Largest |logit| difference between a replayed graph and the eager step it was captured from,
+relative to the largest |logit| (bf16 kernels may differ in the last bits; a wrong capture is
+off by the logits' own size)."""
+
+
+class StaticKV:
+    """transformers' cache interface over fixed [rows, heads, length, head_dim] tensors per layer."""
+
+    def __init__(self, layers: int, shape: tuple[int, int, int, int], dtype: torch.dtype, device) -> None:
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        """Where this step's keys and values go (a tensor, so a replayed graph reads it)."""
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, cache_kwargs=None):
+        self.keys[layer_idx].index_copy_(2, self.pos, key)
+        self.values[layer_idx].index_copy_(2, self.pos, value)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.keys[0].shape[2]
+
+    def fill(self, prefill, width: int) -> None:
+        """The prefill's keys and values (a DynamicCache of `width` positions, one row per
+        sequence) at the start; the rest is masked until written."""
+        for i, layer in enumerate(prefill.layers):
+            self.keys[i][:, :, :width].copy_(layer.keys)
+            self.values[i][:, :, :width].copy_(layer.values)
+        self.pos.fill_(width)
+
+
+class Decoder:
+    """One batch shape's decode step: static inputs, cache, mask and output, maybe a graph."""
+
+    def __init__(self, model: torch.nn.Module, rows: int, length: int, kv_shape: tuple[int, int],
+                 dtype: torch.dtype, device) -> None:
+        heads, head_dim = kv_shape
+        layers = model.config.num_hidden_layers
+        self.model, self.rows, self.length = model, rows, length
+        self.cache = StaticKV(layers, (rows, heads, length, head_dim), dtype, device)
+        self.mask = torch.zeros(rows, 1, 1, length, dtype=dtype, device=device)
+        self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, 1, dtype=torch.long, device=device)
+        self.logits: torch.Tensor | None = None
+        self.graph = None
+
+    def start(self, prefill, mask2d: torch.Tensor, last_position: torch.Tensor) -> None:
+        """A new batch: its prefilled cache, its padding, each row's last prompt position."""
+        width = mask2d.shape[1]
+        self.cache.fill(prefill, width)
+        closed = torch.finfo(self.mask.dtype).min
+        self.mask.fill_(closed)
+        self.mask[:, 0, 0, :width].masked_fill_(mask2d.bool(), 0.0)
+        self.positions.copy_(last_position.view(-1, 1))
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed each row's newest token; the next logits [rows, vocab]."""
+        self.tokens.copy_(tokens.view(-1, 1))
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._body()
+        assert self.logits is not None
+        return self.logits
+
+    def _body(self) -> None:
+        self.positions += 1
+        self.mask.index_fill_(3, self.cache.pos, 0.0)
+        out = self.model(input_ids=self.tokens, attention_mask=self.mask, position_ids=self.positions,
+                         past_key_values=self.cache, use_cache=True)
+        logits = out.logits[:, -1, :]
+        if self.logits is None:
+            self.logits = torch.empty_like(logits)
+        self.logits.copy_(logits)
+        self.cache.pos += 1
+
+    def warm_up(self) -> None:
+        """One eager step on whatever the buffers hold (start() sets them afterwards)."""
+        self._body()
+
+    def capture(self) -> bool:
+        """Capture the step as a CUDA graph (warm-up on a side stream first, as CUDA requires)
+        and check one replay against the eager step; False (eager steps from then on) if the
+        capture or the check fails. A failing eager step raises. Leaves the batch state to be set
+        by start()."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.warm_up()
+        torch.cuda.current_stream().wait_stream(side)
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # the trainer may run meanwhile
+                self._body()
+            assert self.logits is not None
+            self.cache.pos.fill_(1)
+            self.positions.fill_(0)
+            self._body()  # eager, at position 1
+            eager = self.logits.clone()
+            self.cache.pos.fill_(1)
+            self.positions.fill_(0)
+            graph.replay()  # the same inputs, through the graph
+            gap = float((self.logits.float() - eager.float()).abs().max())
+            if not gap <= GRAPH_TOLERANCE * (1.0 + float(eager.float().abs().max())):
+                raise RuntimeError(f"a replay differs from the eager step by {gap:.3g}")
+        except Exception as exc:  # noqa: BLE001 - any failure means eager decoding, never a failed run
+            log.warning("decoding without CUDA graphs (%s: %s)", type(exc).__name__, str(exc).splitlines()[0][:200])
+            return False
+        self.graph = graph
+        return True
+
+
+def bucket(length: int) -> int:
+    """A cache length of at least `length`, rounded up to LENGTH_BUCKET."""
+    return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
