@@ -5,10 +5,10 @@ prefilled once each (a request's `n` completions share its prompt's KV, as vLLM'
 sampling does), then every sequence advances one token per step until it samples a stop
 token, reaches max_tokens or max_model_len, or its request is aborted. On a GPU the steps have
 fixed shapes and replay as CUDA graphs (static_decode.py); elsewhere the cache grows a token a
-step and sequences that finished leave the batch. Each token is labelled with the weight version it was sampled under: `load`
-copies a published version's weights in between two decode steps, so a version can change
-mid-completion (the KV of earlier tokens is kept, as vLLM's in-flight update without recompute
-does) and the completion then carries two spans.
+step and sequences that finished leave the batch. Each token is labelled with the weight
+version it was sampled under: `load` copies a published version's weights in between two
+decode steps, so a version can change mid-completion (the KV of earlier tokens is kept, as
+vLLM's in-flight update without recompute does) and the completion then carries two spans.
 """
 
 from __future__ import annotations
