@@ -101,12 +101,20 @@ class Job:
             self.say(f"[run] starting {name}")
             self.services[name].start()
         for name in ORDER:
-            proc, section = self.services[name].process, getattr(self.cfg, name)
-            try:
-                proc.wait_healthy(f"127.0.0.1:{section.port}", "", self.cfg.launcher.ready_timeout_s)
-            except RuntimeError:
-                if proc.proc is not None and proc.proc.poll() == STARTUP_ERROR_EXIT:  # its one-line error, as is
-                    raise StartupError(proc.log_tail(1).strip()) from None
+            self._await_serving(name)
+
+    def _await_serving(self, name: str) -> None:
+        """Until the service answers health checks. One that exits cleanly meanwhile has finished
+        already (a job shorter than the start-up: watch() sees it done); one that exits with a
+        start-up error raises that one line."""
+        proc = self.services[name].process
+        try:
+            proc.wait_healthy(f"127.0.0.1:{getattr(self.cfg, name).port}", "", self.cfg.launcher.ready_timeout_s)
+        except RuntimeError:
+            code = proc.proc.poll() if proc.proc is not None else None
+            if code == STARTUP_ERROR_EXIT:
+                raise StartupError(proc.log_tail(1).strip()) from None
+            if code != 0:
                 raise
 
     def _trainer_gpus(self) -> str | None:
@@ -212,6 +220,7 @@ class Job:
             follower = StepFollower(self._metrics_file(), total, disable_bar=bool(self.cfg.disable_tqdm))
             self.watch(follower)
             follower.poll()
+            follower.close()  # the bar ends its line before the closing one
             self.say(f"[run] training done in {time.monotonic() - self.started_at:.0f} s; "
                      f"output in {self.out}")
             return 0

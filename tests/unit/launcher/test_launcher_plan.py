@@ -164,3 +164,31 @@ def test_a_transport_the_launcher_chose_puts_back_what_it_does_not_read(tmp_path
     assert started.trainer.weight_transport == "local"
     assert unread_sync_keys_reset(started, "local") == {}  # every unread key is at its default again
     assert unread_sync_keys_reset(load_config(argv, {}), "http") == {}  # http reads all three
+
+
+class _Exited:
+    """A service process that exited with `code` while the launcher waited for it to serve."""
+
+    def __init__(self, code: int) -> None:
+        self.proc = type("P", (), {"poll": lambda _self: code})()
+
+    def wait_healthy(self, address, service, timeout_s) -> None:
+        raise RuntimeError(f"trainer exited with code {self.proc.poll()}:\nlast lines")
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "trainer.model: cannot load"
+
+
+@pytest.mark.parametrize("code", [0, 1, 2])
+def test_a_service_that_finished_during_start_up_is_done_not_failed(tmp_path, code):
+    """A job shorter than the start-up: the trainer trains and exits 0 before its health check
+    answers; that is done (watch() sees it so). Any other exit fails the start as before."""
+    from agrpo.launcher.job import Job, JobOptions
+
+    job = Job(AgrpoConfig.model_validate({"output_dir": str(tmp_path)}), JobOptions(config_path=tmp_path / "c.yaml"))
+    job.services["trainer"] = type("S", (), {"process": _Exited(code)})()
+    if code == 0:
+        job._await_serving("trainer")
+    else:
+        with pytest.raises(StartupError if code == 2 else RuntimeError, match="cannot load" if code == 2 else "code 1"):
+            job._await_serving("trainer")
