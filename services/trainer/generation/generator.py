@@ -23,7 +23,7 @@ import torch
 from agrpo.services.common.logging import get_logger
 
 from .sampling import SamplingParams, processed_logprobs, sample
-from .static_decode import Decoder, bucket
+from .static_decode import Decoder, bucket, row_bucket
 
 log = get_logger("trainer.generation")
 GATHER_S = 0.002
@@ -201,10 +201,10 @@ class Generator:
         """The fixed-shape decoder of this batch's shape (built, and captured, on first use), started."""
         rows, heads, _, head_dim = cache.layers[0].keys.shape
         length = bucket(mask.shape[1] + most_tokens)  # positions, not the cache, are bounded by max_model_len
-        key = (rows, length)
+        key = (row_bucket(rows), length)
         decoder = self._decoders.pop(key, None)
         if decoder is None:
-            decoder = Decoder(self.model, rows, length, (heads, head_dim), cache.layers[0].keys.dtype, self.device)
+            decoder = Decoder(self.model, key[0], length, (heads, head_dim), cache.layers[0].keys.dtype, self.device)
             with self._lock:  # no weight load between the eager step and the replay it checks
                 if self.graphs:
                     self.graphs = decoder.capture()

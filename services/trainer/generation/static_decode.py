@@ -9,7 +9,9 @@ replayed with one launch. Shapes are fixed by:
   prompts are left-padded, so every row's next token lands at the same index;
 - a 4D additive attention mask over that whole length (transformers uses a 4D mask as given),
   opened one position per step;
-- the rows staying in the batch until the batch is done (a finished row's tokens are ignored).
+- the rows staying in the batch until the batch is done (a finished row's tokens are ignored);
+- batch sizes and cache lengths rounded up (`bucket`, `row_bucket`: spare rows decode nothing
+  anyone reads), so the batches a run sees share a few captured graphs.
 
 `Decoder.step` runs the captured graph when there is one, else the same step eagerly (CPU,
 or a GPU where capture failed or disagreed with the eager step: one warning, then eager).
@@ -51,10 +53,11 @@ class StaticKV:
 
     def fill(self, prefill, width: int) -> None:
         """The prefill's keys and values (a DynamicCache of `width` positions, one row per
-        sequence) at the start; the rest is masked until written."""
+        sequence) in the first rows, at the start; the rest is masked until written."""
         for i, layer in enumerate(prefill.layers):
-            self.keys[i][:, :, :width].copy_(layer.keys)
-            self.values[i][:, :, :width].copy_(layer.values)
+            rows = layer.keys.shape[0]
+            self.keys[i][:rows, :, :width].copy_(layer.keys)
+            self.values[i][:rows, :, :width].copy_(layer.values)
         self.pos.fill_(width)
 
 
@@ -72,25 +75,28 @@ class Decoder:
         self.positions = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.logits: torch.Tensor | None = None
         self.graph = None
+        self.used = rows  # rows of the current batch (start())
 
     def start(self, prefill, mask2d: torch.Tensor, last_position: torch.Tensor) -> None:
-        """A new batch: its prefilled cache, its padding, each row's last prompt position."""
-        width = mask2d.shape[1]
+        """A new batch (as many rows as `mask2d`, at most self.rows): its prefilled cache, its
+        padding, each row's last prompt position. Spare rows see only their own new tokens."""
+        self.used, width = mask2d.shape
         self.cache.fill(prefill, width)
-        closed = torch.finfo(self.mask.dtype).min
-        self.mask.fill_(closed)
-        self.mask[:, 0, 0, :width].masked_fill_(mask2d.bool(), 0.0)
-        self.positions.copy_(last_position.view(-1, 1))
+        self.mask.fill_(torch.finfo(self.mask.dtype).min)
+        self.mask[:self.used, 0, 0, :width].masked_fill_(mask2d.bool(), 0.0)
+        self.positions.zero_()
+        self.positions[:self.used].copy_(last_position.view(-1, 1))
+        self.tokens.zero_()
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed each row's newest token; the next logits [rows, vocab]."""
-        self.tokens.copy_(tokens.view(-1, 1))
+        """Feed each used row's newest token; their next logits [used rows, vocab]."""
+        self.tokens[:self.used].copy_(tokens.view(-1, 1))
         if self.graph is not None:
             self.graph.replay()
         else:
             self._body()
         assert self.logits is not None
-        return self.logits
+        return self.logits[:self.used]
 
     def _body(self) -> None:
         self.positions += 1
@@ -143,3 +149,8 @@ class Decoder:
 def bucket(length: int) -> int:
     """A cache length of at least `length`, rounded up to LENGTH_BUCKET."""
     return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
+
+
+def row_bucket(rows: int) -> int:
+    """A batch size of at least `rows`: the next power of two."""
+    return 1 << max(0, rows - 1).bit_length()

@@ -143,17 +143,19 @@ def test_the_copy_of_a_compiled_model_decodes_eager_with_its_own_weights(model):
 
 def test_fixed_shape_steps_sample_what_growing_ones_do(model):
     """Same seed, same requests (prompts of different lengths; no row finishes early, so both
-    draw the same random numbers): the same tokens and logprobs from both decode paths, and a
-    fixed-shape decoder reused for a batch of other prompts starts clean."""
+    draw the same random numbers): the same tokens and logprobs from both decode paths. Batches
+    of 6 and then 5 rows (of other prompts) share one fixed-shape decoder of 8 rows, which
+    starts clean each time."""
     growing = Generator(model, stop_ids=set(), max_model_len=512, static=False)
     fixed = Generator(model, stop_ids=set(), max_model_len=512, static=True)
-    for prompts in ([[5, 6, 7], list(range(10, 40))], [list(range(50, 75)), [9]]):  # both 42 -> 64 long
-        requests = [Request(f"r{i}", p, SamplingParams(max_tokens=12, temperature=0.9, n=3)) for i, p in enumerate(prompts)]
+    for prompts, ns in (([[5, 6, 7], list(range(10, 40))], (3, 3)), ([list(range(50, 75)), [9]], (3, 2))):
+        requests = [Request(f"r{i}", p, SamplingParams(max_tokens=12, temperature=0.9, n=n))
+                    for i, (p, n) in enumerate(zip(prompts, ns))]  # both 42 -> 64 positions long
         want, got = growing.generate(requests), fixed.generate(requests)
-        for w, g in zip((c for r in want for c in r), (c for r in got for c in r)):
+        for w, g in zip((c for r in want for c in r), (c for r in got for c in r), strict=True):
             assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason
             assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
-    assert len(fixed._decoders) == 1  # one batch shape, one decoder, reused
+    assert list(fixed._decoders) == [(8, 64)]  # one decoder, reused
 
 
 def test_a_graph_that_cannot_be_captured_means_eager_fixed_steps_and_one_warning(model, caplog, monkeypatch):
