@@ -146,7 +146,7 @@ class WeightPublisher:
     def _prepare_payload(self, version: int):
         dtype = wire_dtype(self.cfg.trainer.sync_dtype)
         if self.syncer.payload == "adapter":  # a LoRA adapter, for servers that serve it as one
-            return self.syncer.transport.prepare(self.ranks.adapter(dtype), version)
+            return self.syncer.payload_transport.prepare(self.ranks.adapter(dtype), version)
         named = self.ranks.weights(dtype)  # gathered, then sent alone
         return self.syncer.transport.prepare(named, version)
 

@@ -46,13 +46,13 @@ def local_syncer(cfg: AgrpoConfig, model: torch.nn.Module, tokenizer):
     return LocalSyncer(cfg.vllm_urls[0], model, stops, cfg.max_model_len_for(limit), str(cfg.model), cfg.seed)
 
 
-def adapter_sync(cfg: AgrpoConfig, model: torch.nn.Module, transport_name: str) -> AdapterSync | None:
+def adapter_sync(cfg: AgrpoConfig, model: torch.nn.Module, transport: WeightTransport) -> AdapterSync | None:
     """A LoRA trainer's adapter-only sync (decided against the servers at the first sync)."""
     if cfg.peft is None:
         return None
     plan = AdapterPlan(lora.adapter_config_json(model, cfg.model), cfg.peft.r, cfg.adapter_slots,
                        lora.adapter_sync_blocker(model, cfg.peft))
-    return AdapterSync(plan, transport_name)
+    return AdapterSync(plan, transport, cfg.trainer.http_chunk_mb)
 
 
 def build_loop(app) -> TrainerLoop:
@@ -73,7 +73,7 @@ def build_loop(app) -> TrainerLoop:
         transport = make_transport(cfg, device)
         syncer = WeightSyncer(cfg.vllm_urls, transport, cfg.weight_sync_phase_timeout, cfg.weight_sync_timeout,
                               load_mode=cfg.trainer.weight_load, recompute_in_flight=cfg.trainer.recompute_in_flight,
-                              swap=cfg.trainer.weight_swap, adapters=adapter_sync(cfg, engine.model, transport.name))
+                              swap=cfg.trainer.weight_swap, adapters=adapter_sync(cfg, engine.model, transport))
     step_log = StepLogger(app.metrics_file, cfg.logging_steps, cfg.report_to, cfg.run_name, cfg.logging_dir, cfg.project)
     return TrainerLoop(cfg, engine, tokenizer, syncer, app.state, app.buffer, app.intake, app.board,
                        app.metrics, step_log, app.record, app.ranks)

@@ -6,8 +6,9 @@ the adapted layers are synced merged, with one warning line. Limits a server can
 above its --max-lora-rank, fewer than max_staleness + 2 adapter slots) are a one-line error.
 
 Version N is adapter `agrpo-vN` (versions.adapter_name). The adapter's tensors travel through the
-configured transport's payload into the server's own folder (our worker extension,
-agrpo_vllm_plugin/adapters.py: no folder shared with the trainer), then /v1/load_lora_adapter
+configured transport's payload (inline in the stage request with NCCL) into the server's own
+folder (our worker extension, agrpo_vllm_plugin/adapters.py: no folder shared with the trainer),
+then /v1/load_lora_adapter
 registers the name. Once it is announced, rollout names it in every request it sends, so a
 request generates under one version from start to end, and vLLM's prefix cache (keyed by adapter
 name) never mixes versions. No pause: loading an adapter leaves what running requests use as it
@@ -21,21 +22,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.preflight import StartupError
 from agrpo.services.common.versions import adapter_name
 
-from .base import Prepared
+from .base import Prepared, WeightTransport
 from .client import VLLMAdmin, WeightSyncError
+from .transports import HttpTransport
 
 log = get_logger("trainer.weight_sync.adapter")
 
 STAGE = "agrpo_stage_adapter"
 INFO = "agrpo_lora_info"
-TRANSPORTS = ("http", "shared_path", "ipc")
-"""Transports whose payload the worker extension stages (NCCL syncs merged layers)."""
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,13 @@ class AdapterPlan:
 class AdapterSync:
     """Decides adapter-only sync once for all servers, then gives each sync's phases."""
 
-    def __init__(self, plan: AdapterPlan, transport_name: str) -> None:
-        blocked = plan.blocker is None and transport_name not in TRANSPORTS
-        self.plan = replace(plan, blocker=f"trainer.weight_transport={transport_name}") if blocked else plan
+    def __init__(self, plan: AdapterPlan, transport: WeightTransport, chunk_mb: int = 64) -> None:
+        self.plan = plan
         self.active: bool | None = None  # None until choose() ran
+        self.carrier = transport if transport.carries_adapters else HttpTransport(chunk_mb)
+        """What builds an adapter's payload: the sync's transport where the worker extension stages
+        what it sends (http, shared_path, ipc), else (nccl) base64 safetensors inline in the stage
+        request: 1% of the model's bytes, and no merged copy of every adapted layer on the trainer."""
 
     async def choose(self, admins: list[VLLMAdmin]) -> bool:
         """Adapter-only sync if every server can take adapters, else merged layers (one warning)."""

@@ -41,6 +41,9 @@ class WeightTransport(ABC):
     """Only our worker extension loads it (no vLLM load flow)."""
     needs_gpu: ClassVar[bool] = False
     """The trainer must train on a GPU."""
+    carries_adapters: ClassVar[bool] = False
+    """Our worker extension can stage a LoRA adapter from prepare()'s payload (adapter_sync.py);
+    else an adapter travels inline in the stage request."""
 
     @classmethod
     @abstractmethod

@@ -69,6 +69,7 @@ class IpcTransport(WeightTransport):
     """One shared buffer per trainer; each version is copied into it and loaded from it."""
 
     name = "ipc"
+    carries_adapters = True  # the worker copies the adapter out of the buffer
     direct_only = True  # no vLLM load flow: only our worker extension opens the handle
     needs_gpu = True
 

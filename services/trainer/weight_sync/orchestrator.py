@@ -45,7 +45,7 @@ from agrpo.services.common.versions import adapter_name
 from agrpo.services.common.vllm_process import parse_vllm_version
 
 from .adapter_sync import AdapterSync
-from .base import Prepared
+from .base import Prepared, WeightTransport
 from .client import SWAP_METHOD, VLLMAdmin, WeightSyncError
 
 log = get_logger("trainer.weight_sync")
@@ -111,6 +111,11 @@ class WeightSyncer:
     def payload(self) -> str:
         """What a version's payload holds: "adapter" (the LoRA adapter's tensors) or "full" weights."""
         return "adapter" if self.adapters is not None and self.adapters.active else "full"
+
+    @property
+    def payload_transport(self) -> WeightTransport:
+        """What builds a version's payload: the transport, or for an adapter its carrier."""
+        return self.adapters.carrier if self.adapters is not None and self.adapters.active else self.transport
 
     async def open(self) -> None:
         # No keep-alive: vLLM's server drops a connection after an unhandled error (a failed

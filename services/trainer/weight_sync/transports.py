@@ -83,6 +83,7 @@ class HttpTransport(WeightTransport):
 
     name = "http"
     in_band = True  # the payload is in update_info: the engine's one-call swap can carry it
+    carries_adapters = True
 
     def __init__(self, chunk_mb: int = 64, reload: str = "auto") -> None:
         self.chunk_bytes = chunk_mb * 1024 * 1024
@@ -115,6 +116,7 @@ class SharedPathTransport(WeightTransport):
 
     name = "shared_path"
     in_band = True
+    carries_adapters = True
 
     def __init__(self, folder: Path, keep: int = 2, reload: str = "auto") -> None:
         self.folder, self.keep, self.reload = Path(folder), keep, reload

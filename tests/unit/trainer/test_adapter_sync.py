@@ -20,6 +20,7 @@ LORA = {"enabled": True, "runtime_updating": True, "max_lora_rank": 16, "max_lor
 
 class Transport(WeightTransport):
     name = "http"
+    carries_adapters = True
 
     @classmethod
     def from_config(cls, cfg, device):
@@ -78,7 +79,7 @@ class LoraServer:
 
 def _syncer(url: str, rank: int = 16, slots: int = 3, blocker: str | None = None) -> WeightSyncer:
     plan = AdapterPlan(json.dumps({"r": rank, "lora_alpha": 32}), rank, slots, blocker)
-    return WeightSyncer([url], Transport(), 5.0, 30.0, adapters=AdapterSync(plan, "http"))
+    return WeightSyncer([url], Transport(), 5.0, 30.0, adapters=AdapterSync(plan, Transport()))
 
 
 def _prepare(version: int):
@@ -183,3 +184,31 @@ def test_the_worker_stages_an_adapter_from_the_trainers_ipc_buffer(tmp_path, mon
     assert answer["path"] == str(tmp_path / "agrpo-v7")
     for name, want in named:
         assert staged[name].dtype == want.dtype and torch.equal(staged[name], want)
+
+
+class Nccl(Transport):
+    name = "nccl"
+    carries_adapters = False  # its payload is a broadcast the worker extension does not stage
+
+
+async def test_with_nccl_the_adapter_travels_inline_in_the_stage_request():
+    """Trainer and vLLM on different GPUs (NCCL for full weights): the adapter still goes alone,
+    as base64 safetensors the worker extension stages (agrpo_vllm_plugin.adapters), not merged."""
+    import torch
+
+    from agrpo_vllm_plugin.adapters import transport_tensors
+
+    plan = AdapterPlan(json.dumps({"r": 16}), 16, 3)
+    async with LoraServer(LORA) as srv:
+        syncer = WeightSyncer([srv.url], Nccl(), 5.0, 30.0, adapters=AdapterSync(plan, Nccl()))
+        await syncer.open()
+        try:
+            assert syncer.payload_transport is syncer.transport  # undecided: full weights
+            report = await syncer.sync(1, _prepare(1))
+            assert report.ok and syncer.payload == "adapter"
+            named = [("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", torch.randn(16, 8))]
+            prepared = syncer.payload_transport.prepare(named, 2)
+            staged = transport_tensors(json.loads(json.dumps(prepared.update_infos)))
+            assert torch.equal(staged[named[0][0]], named[0][1])
+        finally:
+            await syncer.close()
