@@ -146,9 +146,10 @@ class WeightPublisher:
     def _prepare_payload(self, version: int):
         dtype = wire_dtype(self.cfg.trainer.sync_dtype)
         if self.syncer.payload == "adapter":  # a LoRA adapter, for servers that serve it as one
-            return self.syncer.payload_transport.prepare(self.ranks.adapter(dtype), version)
-        named = self.ranks.weights(dtype)  # gathered, then sent alone
-        return self.syncer.transport.prepare(named, version)
+            named = self.ranks.adapter(dtype)
+        else:
+            named = self.ranks.weights(dtype)  # gathered, then sent alone
+        return self.syncer.payload_transport.prepare(named, version)
 
     async def _sync(self, version: int, urls: list[str] | None = None):
         self.record.reserve(version)  # before any weights of this number leave the trainer

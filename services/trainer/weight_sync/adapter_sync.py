@@ -8,14 +8,13 @@ above its --max-lora-rank, fewer than max_staleness + 2 adapter slots) are a one
 Version N is adapter `agrpo-vN` (versions.adapter_name). The adapter's tensors travel through the
 configured transport's payload (inline in the stage request with NCCL) into the server's own
 folder (our worker extension, agrpo_vllm_plugin/adapters.py: no folder shared with the trainer),
-then /v1/load_lora_adapter
-registers the name. Once it is announced, rollout names it in every request it sends, so a
-request generates under one version from start to end, and vLLM's prefix cache (keyed by adapter
-name) never mixes versions. No pause: loading an adapter leaves what running requests use as it
-is. Each server keeps the newest max_staleness + 2 names; the oldest is unregistered when its
-successor is in. The server's weight label stays as it was ("default": the base weights are never
-written), so a request that names no adapter is honestly version 0; a server that lost its
-adapters (a restart) is found by /v1/models lacking the current one.
+then /v1/load_lora_adapter registers the name. Once it is announced, rollout names it in every
+request it sends, so a request generates under one version from start to end, and vLLM's prefix
+cache (keyed by adapter name) never mixes versions. No pause: loading an adapter leaves what
+running requests use as it is. Each server keeps the newest max_staleness + 2 names; the oldest is
+unregistered when its successor is in. The server's weight label stays as it was ("default": the
+base weights are never written), so a request that names no adapter is honestly version 0; a
+server that lost its adapters (a restart) is found by /v1/models lacking the current one.
 """
 
 from __future__ import annotations
