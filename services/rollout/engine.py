@@ -76,7 +76,6 @@ class Engine:
                                        cfg.min_p, cfg.repetition_penalty)
         self.version = 0
         self.adapter = ""  # the newest LoRA adapter a server holds (adapter-only sync), else ""
-        self.adapter_version = 0  # the version it serves
         self.lineage = Lineage()  # the trainer's: which versions still name weights, and how far apart
         self.inflight_requests = 0
         self.generating: dict[str, Group] = {}
@@ -246,8 +245,8 @@ class Engine:
         `adapter` (adapter-only LoRA sync) is the newest one the servers hold, which may be of an
         older version: the trainer mints a version before its adapter is in vLLM. Requests name
         the newest adapter heard of (naming none would sample the base model)."""
-        if adapter and adapter_version(adapter) >= self.adapter_version:
-            self.adapter, self.adapter_version = adapter, adapter_version(adapter)
+        if adapter and (not self.adapter or adapter_version(adapter) >= adapter_version(self.adapter)):
+            self.adapter = adapter
         if version <= self.version:
             return
         self.version = version

@@ -68,7 +68,7 @@ class Decoder:
                  dtype: torch.dtype, device) -> None:
         heads, head_dim = kv_shape
         layers = model.config.num_hidden_layers
-        self.model, self.rows, self.length = model, rows, length
+        self.model = model
         self.cache = StaticKV(layers, (rows, heads, length, head_dim), dtype, device)
         self.mask = torch.zeros(rows, 1, 1, length, dtype=dtype, device=device)
         self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=device)
@@ -78,7 +78,7 @@ class Decoder:
         self.used = rows  # rows of the current batch (start())
 
     def start(self, prefill, mask2d: torch.Tensor, last_position: torch.Tensor) -> None:
-        """A new batch (as many rows as `mask2d`, at most self.rows): its prefilled cache, its
+        """A new batch (as many rows as `mask2d`, at most the decoder's): its prefilled cache, its
         padding, each row's last prompt position. Spare rows see only their own new tokens."""
         self.used, width = mask2d.shape
         self.cache.fill(prefill, width)
