@@ -72,12 +72,19 @@ def _sharded(module: torch.nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
+DENSE_ROW_MAX = 4096
+"""Eager layers (attention auto): a tree row up to this long attends through the dense SDPA mask
+(16 MiB of bools at most). flex_attention's kernel is compiled, seconds on the first step and
+again as row lengths change, which a short run never repays and a short row does not need."""
+
+
 @dataclass
 class EngineConfig:
     """Loss settings plus how the forward runs.
 
     attention: how tree rows attend. auto = flex (BlockMask) on CUDA, dense-mask SDPA
-    elsewhere; "flex" on CPU runs flex eagerly (tests); "sdpa" forces the dense mask.
+    elsewhere, and also on CUDA for a row of at most DENSE_ROW_MAX tokens when the layers run
+    eager; "flex" on CPU runs flex eagerly (tests); "sdpa" forces the dense mask.
     compile_layers / compile_head: torch.compile each decoder layer (flex path) and the
     chunked-vocab logprobs (same maths, the fp32 logit passes fused). CUDA and a single
     process only: eager, the step is bound by kernel launches and memory-bound passes
@@ -127,10 +134,12 @@ class Engine:
         self.staleness: Callable[[int], int] | None = None  # set by train_step, for diagnostics
         self.flex = _use_flex(cfg.attention, self.device)
         compiled = self.device.type == "cuda" and self.world == 1
+        layers_compiled = self.flex and cfg.compile_layers and compiled
         if self.flex:
             tree_attention.install(model)
-            if cfg.compile_layers and compiled:
+            if layers_compiled:
                 tree_attention.compile_layers(_decoder(model))
+        self.dense_up_to = _dense_up_to(cfg.attention, layers_compiled)
         self.logprobs = torch.compile(chunked_logprobs) if cfg.compile_head and compiled else chunked_logprobs
 
     def _autocast(self):
@@ -166,10 +175,11 @@ class Engine:
 
         The flex path pads to whole blocks (N' >= N; pads are never attended, never read)."""
         ids, pos, end = row.input_ids, row.position_ids, row.subtree_end
-        if self.flex:
+        flex = self.flex and len(ids) > self.dense_up_to
+        if flex:
             ids, pos, end = tree_attention.pad_tree(ids, pos, end, tree_attention.padded_length(len(ids)))
         end_t = torch.tensor(end, device=self.device)
-        mask = tree_attention.block_mask(end_t) if self.flex else tree_attention.dense_mask(end_t)[None, None]
+        mask = tree_attention.block_mask(end_t) if flex else tree_attention.dense_mask(end_t)[None, None]
         return (torch.tensor([ids], device=self.device), torch.tensor([pos], device=self.device), mask)
 
     def _decode(self, **inputs):
@@ -303,6 +313,11 @@ def _use_flex(attention: str, device: torch.device) -> bool:
     if attention == "auto":
         return device.type == "cuda"
     return attention == "flex"
+
+
+def _dense_up_to(attention: str, layers_compiled: bool) -> int:
+    """The longest tree row that takes the dense SDPA mask where flex is in use: auto, eager layers."""
+    return DENSE_ROW_MAX if attention == "auto" and not layers_compiled else 0
 
 
 def _clip_sharded(params: list[torch.Tensor], max_norm: float) -> float:

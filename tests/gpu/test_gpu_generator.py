@@ -6,11 +6,11 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def gpu_model(tiny_model_dir):
+def gpu_model(tiny_gpu_model):
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).cuda()
+    return AutoModelForCausalLM.from_pretrained(str(tiny_gpu_model), dtype=torch.float32).cuda()
 
 
 def _own_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:

@@ -64,7 +64,7 @@ def test_flex_tree_equals_dense_sdpa_in_bf16(tiny_gpu_model, compiled):
     samples = g.make_samples(2, 4, 100, 33, 1024) + g.make_samples(1, 4, 300, 50, 1024, seed=2)
     tree, packed = g.tree_rows(samples, 4), g.plain_rows(samples, 4)
     dense = g.build(str(tiny_gpu_model), gc=True, attention="sdpa", compile_head=False)
-    flex = g.build(str(tiny_gpu_model), gc=True, compile_layers=compiled, compile_head=compiled)
+    flex = g.build(str(tiny_gpu_model), gc=True, attention="flex", compile_layers=compiled, compile_head=compiled)
     assert flex.flex and not dense.flex
     base = _logprobs(dense, tree, True)
     for rows in (tree, packed):

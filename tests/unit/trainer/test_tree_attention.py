@@ -108,6 +108,14 @@ def test_attention_choice():
         _use_flex("fa3", torch.device("cpu"))
 
 
+def test_eager_layers_take_the_dense_mask_for_short_rows_only_under_auto():
+    from agrpo.services.trainer.engine import DENSE_ROW_MAX, _dense_up_to
+
+    assert _dense_up_to("auto", layers_compiled=False) == DENSE_ROW_MAX  # no flex compile for a short row
+    assert _dense_up_to("auto", layers_compiled=True) == 0  # compiled layers trace flex for every row
+    assert _dense_up_to("flex", layers_compiled=False) == 0  # asked for: always flex
+
+
 def test_moe_aux_loss_leaves_the_pads_out(make_groups):
     from transformers import AutoModelForCausalLM, Qwen2MoeConfig
 
