@@ -284,14 +284,15 @@ class TrainerSection(ServiceSection):
     logged."""
     forward: Literal["auto", "tree", "unpacked"] = "auto"
     """Training forward: tree (prefix-tree rows, ancestor mask) or unpacked (one padded row per
-    sample; same loss). auto: tree on GPU (flex_attention with the tree's block mask), unpacked on
+    sample; same loss). auto: tree on GPU (flex_attention with the tree's block mask; with eager
+    layers a row up to 4096 tokens takes the dense mask, which needs no compile), unpacked on
     CPU, where the dense tree mask costs more than the shared prompt saves."""
     compile: bool | None = None
     """On one GPU, torch.compile the decoder layers and the logprob head: faster steps for tens
     of seconds of compiles in the first steps (docs/gpu.md). False: eager modules (the tree's
-    flex attention stays compiled). None (auto): compile for a run of at least COMPILE_MIN_STEPS
-    steps (or one sized in epochs), where the faster steps repay the compiles; a shorter run
-    is over sooner eager (docs/vs-trl.md)."""
+    flex attention stays compiled for rows over 4096 tokens). None (auto): compile for a run of
+    at least COMPILE_MIN_STEPS steps (or one sized in epochs), where the faster steps repay the
+    compiles; a shorter run is over sooner eager (docs/vs-trl.md)."""
 
     @model_validator(mode="after")
     def _ipc_loads_directly(self) -> TrainerSection:
