@@ -10,7 +10,8 @@
 # folder (/tmp/site-trl): agrpo's processes never see it.
 # Knobs: TASK=gpu-0.5b SEEDS=0,1,2 SYSTEMS=trl,agrpo STEPS= (the task's) DEADLINE=450 (no run starts
 #   after it) RUN_TIMEOUT=300 (one run) VS_ARGS="..." (more vs_trl.py arguments).
-# Into $OUT: run.log; vs_trl/TASK/: results.json, reward_vs_time.png, each run's output and logs.
+# Into $OUT: run.log; vs_trl/TASK/: results.json, reward_vs_time.png; vs_trl_logs.tgz: each run's
+# logs and metrics (a call brings back 8 files at most; a call cut short brings back what fits).
 set -uo pipefail
 MODE=${1:-race}
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
@@ -42,8 +43,15 @@ printf '#!/bin/sh\nPYTHONPATH=%s:%s exec python3 "$@"\n' "$TRL_SITE" "$SITE" > "
 python3 -c 'import agrpo.demo.runner, grpc, datasets; print("agrpo", __import__("agrpo").__version__)' || { say "agrpo's imports FAILED"; exit 5; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
+pack_logs() {  # every run's logs and metrics into one archive, then off the folder that travels back
+  local d=$BENCH/${TASK:-gpu-0.5b}
+  [ -d "$d" ] || return 0
+  (cd "$d" && find . -path ./inputs -prune -o -type f \( -name '*.log' -o -name '*.jsonl' -o -name 'summary.json' \) \
+     -size -20M -print | tar czf "$OUT/vs_trl_logs.tgz" -T - \
+   && find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.jsonl' \) -delete)
+}
 export LOOP_RUN_MARK="vs-trl-$$-$RANDOM"
-trap 'kill_marked "$LOOP_RUN_MARK"' EXIT
+trap 'kill_marked "$LOOP_RUN_MARK"; pack_logs' EXIT
 say "vs_trl --task ${TASK:-gpu-0.5b} --seeds ${SEEDS:-0,1,2} --systems ${SYSTEMS:-trl,agrpo}"
 # shellcheck disable=SC2086
 python3 benchmarks/vs_trl.py --task "${TASK:-gpu-0.5b}" --seeds "${SEEDS:-0,1,2}" --systems "${SYSTEMS:-trl,agrpo}" \
