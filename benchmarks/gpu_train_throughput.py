@@ -132,7 +132,7 @@ def parse_layout(spec: str) -> tuple[str, tuple[str, bool, bool], dict]:
     """'tree+noch+v65536+gc2' -> (base, engine key (attention, compile layers, compile head), step options)."""
     base, *mods = spec.split("+")
     sdpa, eager = base.endswith("_sdpa"), "eager" in mods
-    key = ("sdpa" if sdpa else "auto", not (sdpa or eager or "nocl" in mods), not (sdpa or eager or "noch" in mods))
+    key = ("sdpa" if sdpa else "flex", not (sdpa or eager or "nocl" in mods), not (sdpa or eager or "noch" in mods))
     opts = dict(chunk=next((int(m[1:]) for m in mods if m[:1] == "v" and m[1:].isdigit()), 32768),
                 gc_every=next((int(m[2:]) for m in mods if m[:2] == "gc" and m[2:].isdigit()), 1))
     return base.removesuffix("_sdpa"), key, opts
