@@ -2,7 +2,8 @@
 # run_vs_trl.sh MODE: the head-to-head on the offline one-H200 machine (benchmarks/vs_trl.py): TRL
 # 1.16's GRPOTrainer (vllm_mode="colocate", the carried vLLM 0.26 in its own process) against
 # agrpo demo --gpu, seeds interleaved. From the repo root, in one call carrying .vllm-carry/sm90
-# and .whl (64 MiB in all: set docs/measurements/*.png aside for the call):
+# and .whl (64 MiB in all: set docs/measurements/*.png aside for the call, and the wheels the race
+# does not use: .whl/{peft,accelerate,math_verify,latex2sympy2_extended,antlr4}* (.whl/trl has accelerate)):
 #   TASK=gpu-0.5b bash scripts/gpu/run_vs_trl.sh all
 # or in two chained calls: `extract` carrying .vllm-carry/sm90, then `race` carrying .whl within 30 s.
 # .whl: scripts/gpu/fetch_wheels.sh, plus TRL's own in .whl/trl (pip download --no-deps
