@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
-import time
 import urllib.request
 from functools import cache
 
@@ -99,17 +97,28 @@ def _hf_logprobs(model, tokens: list[int]) -> list[float]:
     return [float(logp[len(PROMPT) - 1 + i, t]) for i, t in enumerate(tokens)]
 
 
-def _wait_running(server, timeout_s: float = 60.0) -> None:
-    """Until vLLM reports a running request (its Prometheus gauge)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(server.base_url + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
-        if any(float(line.rsplit(" ", 1)[1]) >= 1 for line in running):
-            return
-        time.sleep(0.01)
-    raise AssertionError("the request never started running")
+def _in_flight(server) -> int:
+    """Requests vLLM holds, running or waiting (its Prometheus gauges)."""
+    with urllib.request.urlopen(server.base_url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines() if line.startswith(gauges))
+
+
+def _stream(server, name: str, max_tokens: int):
+    """A streaming completion (the response, read chunk by chunk with _chunks)."""
+    body = {"model": name, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(server.base_url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=120)
+
+
+def _chunks(response):
+    for raw in response:
+        line = raw.decode().strip()
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[len("data: "):])
 
 
 def _gap(a: list[float], b: list[float]) -> float:
@@ -134,14 +143,23 @@ def test_an_evicted_adapter_reloads_scaled_once(lora_server, tiny_model_dir):
 
 
 def test_unregistering_an_adapter_leaves_its_running_request_to_finish(lora_server, tiny_model_dir):
+    """The request is held mid-generation (pause, mode keep) while its adapter is unregistered."""
     _stage(lora_server, _adapted(str(tiny_model_dir), 3), 3)
-    result: dict = {}
-    long = threading.Thread(target=lambda: result.update(out=_vllm(lora_server, "agrpo-v3", 400)))
-    long.start()
-    _wait_running(lora_server)
-    _post_text(lora_server, "/v1/unload_lora_adapter", {"lora_name": "agrpo-v3"})
-    long.join(timeout=120)
-    assert len(result["out"][0]) == 400
+    for _ in range(3):  # a tiny model may finish 400 tokens before the pause lands: then again
+        with _stream(lora_server, "agrpo-v3", 400) as response:
+            chunks = _chunks(response)
+            next(chunks)  # its first token came back: the request runs
+            _post_text(lora_server, "/pause?mode=keep", {})
+            try:
+                held = _in_flight(lora_server)
+                if held:
+                    _post_text(lora_server, "/v1/unload_lora_adapter", {"lora_name": "agrpo-v3"})
+            finally:
+                _post_text(lora_server, "/resume", {})
+            usage = [c["usage"] for c in chunks if c.get("usage")]
+        if held:
+            break
+    assert held, "every request finished before the pause: nothing was in flight to test"
+    assert usage[-1]["completion_tokens"] == 400
     names = [m["id"] for m in lora_server.get_json("/v1/models")["data"]]
     assert "agrpo-v3" not in names
-
