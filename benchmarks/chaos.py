@@ -236,6 +236,8 @@ def start(a):
         overrides["run_id"] = f"chaos-{a.seed}"
     if a.lora:  # a LoRA adapter, synced alone into vLLM (docs/lora.md)
         overrides["peft"] = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
+    if a.trainer_ranks > 1:  # the trainer sharded (FSDP2): a kill of it is torchrun's, its ranks die with it
+        overrides["trainer"] = {"num_processes": a.trainer_ranks}
     opts = DemoOptions(steps=100_000, out=a.out, max_staleness=a.max_staleness, num_prompts=a.num_prompts,
                        timeout_s=0, overrides=overrides)
     if a.supervisor == "launcher":
@@ -339,6 +341,7 @@ def main() -> int:
     p.add_argument("--supervisor", choices=("launcher", "plain"), default="launcher",
                    help="launcher: agrpo run's (a run id per job); plain: the same command line again, "
                         "with a config that has no run_id (as systemd or compose restart it)")
+    p.add_argument("--trainer-ranks", type=int, default=1, help="trainer.num_processes (FSDP2 ranks)")
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (r 16, every linear layer), "
                    "synced alone into vLLM: kills land in adapter syncs and adapter checkpoints")
     a = p.parse_args()

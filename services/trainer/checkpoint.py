@@ -48,8 +48,9 @@ def save(output_dir: str | Path, state: TrainState, model, tokenizer, optimizer,
     """Write checkpoint-<step> atomically; prune beyond total_limit.
 
     write_shards (multi-rank): `write_shards(folder)` writes every rank's model and optimizer
-    shards there (torch.distributed.checkpoint) and returns the full weights, which become
-    the HF weights of the checkpoint; optimizer.pt then holds only scheduler and RNG."""
+    shards there (torch.distributed.checkpoint) and returns the whole weights (a LoRA model's
+    adapter), which become the checkpoint's HF (or peft) files; optimizer.pt then holds only
+    scheduler and RNG."""
     root = Path(output_dir)
     final = root / f"{PREFIX}{state.step}"
     tmp = root / f".{PREFIX}{state.step}.tmp"
@@ -57,11 +58,11 @@ def save(output_dir: str | Path, state: TrainState, model, tokenizer, optimizer,
     tmp.mkdir(parents=True)
     from . import lora
 
-    full = write_shards(tmp / SHARDS) if write_shards is not None else None
-    if full is not None:
-        model.save_pretrained(tmp, state_dict={name: t.cpu() for name, t in full})
-    elif lora.has_adapter(model):  # the adapter alone, in peft's format
-        lora.save_adapter(model, tmp, getattr(model, "name_or_path", None))
+    whole = write_shards(tmp / SHARDS) if write_shards is not None else None
+    if lora.has_adapter(model):  # the adapter alone, in peft's format
+        lora.save_adapter(model, tmp, getattr(model, "name_or_path", None), whole)
+    elif whole is not None:
+        model.save_pretrained(tmp, state_dict={name: t.cpu() for name, t in whole})
     else:
         model.save_pretrained(tmp)
     if tokenizer is not None:

@@ -54,10 +54,18 @@ def _bits(dtype: torch.dtype) -> int:
     return torch.finfo(dtype).bits if dtype.is_floating_point else 64
 
 
-@torch.no_grad()
 def full_weights_for_sync(model: torch.nn.Module, dtype: torch.dtype | None = None, *,
                           dst: int | None = None, per_param: bool = False) -> list[tuple[str, torch.Tensor]]:
-    """(HF name, full tensor) pairs as `named_weights` gives them single-device.
+    """(HF name, full tensor) pairs of the trainable parameters, as `named_weights` gives them
+    single-device (`gather_full`: collective, and `dst` keeps them)."""
+    return [(hf_name(n), t) for n, t in gather_full(model, dtype, dst=dst, per_param=per_param)]
+
+
+@torch.no_grad()
+def gather_full(model: torch.nn.Module, dtype: torch.dtype | None = None, *, dst: int | None = None,
+                per_param: bool = False, frozen: bool = False) -> list[tuple[str, torch.Tensor]]:
+    """(parameter name, full tensor) pairs of the trainable parameters, and of the frozen ones
+    too with `frozen` (a LoRA model's base weights, for a merged sync).
 
     Gathered one FSDP unit at a time: `unshard()` is one all-gather per unit (the
     layer's whole flat shard), the unsharded parameters are copied out (cast to
@@ -73,7 +81,7 @@ def full_weights_for_sync(model: torch.nn.Module, dtype: torch.dtype | None = No
 
     lm = model.lm if isinstance(model, RootForward) else model
     keep = dst is None or dist.get_rank() == dst
-    sharded = [(n, p) for n, p in lm.named_parameters() if p.requires_grad]
+    sharded = [(n, p) for n, p in lm.named_parameters() if frozen or p.requires_grad]
     want = {n: (dtype or p.dtype) for n, p in sharded}
     out: dict[str, torch.Tensor | None] = {}  # None: gathered but not kept here
     low: set[str] = set()  # unsharded in lower precision than asked: full_tensor() below
@@ -97,20 +105,43 @@ def full_weights_for_sync(model: torch.nn.Module, dtype: torch.dtype | None = No
             t = t.to(want[name], copy=True) if keep else None
         if keep:
             assert t is not None  # copied above whenever `keep`
-            result.append((hf_name(name), t.contiguous()))
+            result.append((name, t.contiguous()))
     return result
 
 
 def weights_for_sync(engine: Engine, dtype: torch.dtype | None = None, dst: int | None = None):
-    """What a weight sync sends, sharded or not (single-device: `named_weights`)."""
+    """What a full-weight sync sends, sharded or not (single-device: `named_weights`); a LoRA
+    model's adapted layers merged, since vLLM holds the base model. Sharded: collective."""
     from .lora import has_adapter, merged_weights
     from .weight_sync.transports import named_weights
 
+    adapter = has_adapter(engine.model)
+    if _sharded(engine.root) and adapter:  # every weight whole (in its own dtype), then merged
+        whole = gather_full(engine.root, dst=dst, frozen=True)
+        return merged_weights(engine.model, dtype, dict(whole)) if whole else []
     if _sharded(engine.root):
         return full_weights_for_sync(engine.root, dtype, dst=dst)
-    if has_adapter(engine.model):  # vLLM holds the base model: the adapted layers, merged
+    if adapter:
         return merged_weights(engine.model, dtype)
     return named_weights(engine.model, dtype)
+
+
+def adapter_for_sync(engine: Engine, dtype: torch.dtype | None = None, dst: int | None = None):
+    """A LoRA model's adapter tensors under peft's file names (`lora.adapter_tensors`), gathered
+    whole when sharded (collective; only `dst` gets them)."""
+    from .lora import adapter_tensors
+
+    if not _sharded(engine.root):
+        return adapter_tensors(engine.model, dtype)
+    whole = gather_full(engine.root, dst=dst)  # what trains: the adapter
+    return adapter_tensors(engine.model, dtype, dict(whole)) if whole else []
+
+
+def weights_to_save(engine: Engine, dst: int | None = 0):
+    """What a checkpoint's model files hold: the adapter of a LoRA model, else the full weights."""
+    from .lora import has_adapter
+
+    return adapter_for_sync(engine, None, dst) if has_adapter(engine.model) else weights_for_sync(engine, None, dst)
 
 
 def build_sharded_engine(cfg, model_path: str, mesh=None, mixed_precision: bool | None = None,

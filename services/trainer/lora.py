@@ -76,28 +76,36 @@ def base_name(name: str) -> str:
     return name
 
 
-def merged_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> list[tuple[str, torch.Tensor]]:
-    """What a sync sends: each adapted layer's weight with the adapter merged in, then every other
-    trainable tensor, under base-model names; optionally cast."""
+def merged_weights(model: torch.nn.Module, dtype: torch.dtype | None = None,
+                   params: dict[str, torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
+    """What a sync sends: each adapted layer's weight with the adapter merged in
+    (W + scaling x B A), then every other trainable tensor, under base-model names; optionally
+    cast. params: the model's parameters by name, whole (a sharded model's, gathered); None:
+    its own."""
+    params = params if params is not None else dict(model.named_parameters())
     out = []
     with torch.no_grad():
         for name, layer in adapted_layers(model):
-            out.append((base_name(f"{name}.weight"), layer.get_base_layer().weight + layer.get_delta_weight(ADAPTER)))
+            delta = params[f"{name}.lora_B.{ADAPTER}.weight"] @ params[f"{name}.lora_A.{ADAPTER}.weight"]
+            delta = (delta.T if layer.fan_in_fan_out else delta) * layer.scaling[ADAPTER]
+            out.append((base_name(f"{name}.weight"), params[f"{name}.base_layer.weight"] + delta))
         for name, p in model.named_parameters():
             if p.requires_grad and not any(t in name for t in _ADAPTER_TENSORS):
-                out.append((base_name(name), p.detach()))
+                out.append((base_name(name), params[name].detach()))
     return [(n, (t if dtype is None else t.to(dtype)).contiguous()) for n, t in out]
 
 
-def save_adapter(model: torch.nn.Module, folder: str | Path, base_model: str | None) -> None:
-    """adapter_config.json and adapter_model.safetensors in `folder`, in peft's format."""
+def save_adapter(model: torch.nn.Module, folder: str | Path, base_model: str | None,
+                 tensors: list[tuple[str, torch.Tensor]] | None = None) -> None:
+    """adapter_config.json and adapter_model.safetensors in `folder`, in peft's format.
+    tensors: `adapter_tensors`' result when already gathered (a sharded model); None: the model's."""
     from safetensors.torch import save_file
 
     config = model.peft_config[ADAPTER]
     config.base_model_name_or_path = base_model
     config.save_pretrained(str(folder))
-    save_file({n: t.cpu() for n, t in adapter_tensors(model)}, str(Path(folder) / ADAPTER_WEIGHTS),
-              metadata={"format": "pt"})
+    tensors = adapter_tensors(model) if tensors is None else tensors
+    save_file({n: t.cpu() for n, t in tensors}, str(Path(folder) / ADAPTER_WEIGHTS), metadata={"format": "pt"})
 
 
 def load_adapter(model: torch.nn.Module, folder: str | Path) -> None:
@@ -122,12 +130,14 @@ def is_adapter_dir(path: str | Path) -> bool:
     return (Path(path) / ADAPTER_CONFIG).is_file()
 
 
-def adapter_tensors(model: torch.nn.Module, dtype: torch.dtype | None = None) -> list[tuple[str, torch.Tensor]]:
+def adapter_tensors(model: torch.nn.Module, dtype: torch.dtype | None = None,
+                    params: dict[str, torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
     """The adapter's tensors (and any other trainable ones) under peft's file names, on their
-    device, optionally cast: what an adapter-only sync sends and a checkpoint saves."""
+    device, optionally cast: what an adapter-only sync sends and a checkpoint saves. params:
+    the trainable parameters by name, whole (a sharded model's, gathered); None: the model's own."""
     from peft import get_peft_model_state_dict
 
-    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
+    state = get_peft_model_state_dict(model, state_dict=params, adapter_name=ADAPTER)
     return [(PEFT_PREFIX + k, (v.detach() if dtype is None else v.detach().to(dtype)).contiguous())
             for k, v in state.items()]
 

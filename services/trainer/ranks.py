@@ -8,6 +8,7 @@ thing the ranks must do together is one command rank 0 broadcasts to the others,
     step    forward/backward of the step's micro-batches (each rank trains its rows)
     weights gather the full weights for a sync, one FSDP unit at a time (rank 0 keeps them,
             then sends them to vLLM alone: nothing interleaves with the gather)
+    adapter the same for a LoRA model's adapter alone (an adapter-only sync)
     save    write a checkpoint (torch.distributed.checkpoint shards + rank 0's files)
     stop    exit
 
@@ -252,11 +253,12 @@ class RankGroup:
         return self._together("weights", lambda: gather_weights(self.engine, dtype), dtype)
 
     def adapter(self, dtype):
-        """The LoRA adapter's tensors (peft: trains on one rank, so no gathering)."""
-        from .lora import adapter_tensors
-
-        assert self.engine is not None and self.world.size == 1  # config: peft needs num_processes 1
-        return adapter_tensors(self.engine.model, dtype)
+        """The LoRA adapter's tensors on rank 0, gathered whole on every rank when sharded."""
+        engine = self.engine
+        assert engine is not None  # a sync comes after build()
+        if not self.sharded:
+            return gather_adapter(engine, dtype)
+        return self._together("adapter", lambda: gather_adapter(engine, dtype), dtype)
 
     @property
     def sharded(self) -> bool:
@@ -300,24 +302,43 @@ def gather_weights(engine, dtype):
     return weights_for_sync(engine, dtype, dst=0)
 
 
+def gather_adapter(engine, dtype):
+    from .fsdp import adapter_for_sync
+
+    return adapter_for_sync(engine, dtype, dst=0)
+
+
+def _what_trains(loading: bool = False):
+    """DCP options: shards hold what trains and its optimizer state; a LoRA model's frozen base
+    comes from the base model's files, not checkpoint bytes (full fine-tuning freezes nothing).
+    Loading, the frozen keys are absent by design (dcp.load still fails on a missing trained one)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=not loading)
+
+
 def save_shards(engine, shards_dir: str):
-    """DCP shards of model and optimizer (every rank); returns the full weights on rank 0."""
+    """DCP shards of model and optimizer (every rank); returns on rank 0 what the checkpoint's
+    model files hold (`fsdp.weights_to_save`)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(engine.root, engine.optimizer)
+    from .fsdp import weights_to_save
+
+    model_sd, optim_sd = get_state_dict(engine.root, engine.optimizer, options=_what_trains())
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=shards_dir)
-    return gather_weights(engine, None)
+    return weights_to_save(engine, dst=0)
 
 
 def load_shards(engine, shards_dir: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    model_sd, optim_sd = get_state_dict(engine.root, engine.optimizer)
+    model_sd, optim_sd = get_state_dict(engine.root, engine.optimizer, options=_what_trains())
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=shards_dir)
-    set_state_dict(engine.root, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(engine.root, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=_what_trains(loading=True))
 
 
 def follow(cfg, world: World) -> int:
@@ -346,6 +367,8 @@ def follow(cfg, world: World) -> int:
             engine.train_step(batches, staleness.get if staleness is not None else None)
         elif name == "weights":
             gather_weights(engine, args[0])
+        elif name == "adapter":
+            gather_adapter(engine, args[0])
         elif name == "save":
             save_shards(engine, args[0])
         elif name == "stop":

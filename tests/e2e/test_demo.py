@@ -1,6 +1,7 @@
 """End to end: a shortened `agrpo demo` as separate processes (reward, trainer, rollout over
 gRPC), as a user gets it on this CPU machine (the trainer generates itself, sync schedule) and
-with real vLLM generating (the async schedule), and with a LoRA adapter training while vLLM generates.
+with real vLLM generating (the async schedule), and with a LoRA adapter training while vLLM
+generates, on one trainer process and sharded over two (FSDP2 on gloo).
 Asserts learning, staleness and exactly-once
 accounting from the run's own outputs (metrics JSONL and the trainer's trained-sample log)."""
 
@@ -18,14 +19,17 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.slow]
 NUM_PROMPTS, EPOCHS, MAX_STALENESS = 48, 2, 2
 
 
-LORA = ["--set", "peft.r=16", "--set", "peft.lora_alpha=32", "--set", "peft.target_modules=all-linear"]
+LORA = ["--set", "peft.r=16", "--set", "peft.lora_alpha=32", "--set", "peft.target_modules=all-linear",
+        "--learning-rate", "2e-2"]
+EXTRA = {"default": ["--learning-rate", "5e-3"], "vllm": ["--learning-rate", "5e-3"], "lora": LORA,
+         "lora-ranks": [*LORA, "--set", "trainer.num_processes=2"]}
 
 
-@pytest.fixture(scope="module", params=["default", "vllm", "lora"])
+@pytest.fixture(scope="module", params=sorted(EXTRA))
 def demo_run(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     generation = [] if request.param == "default" else ["--set", "launcher.generation=vllm"]
-    extra = [*LORA, "--learning-rate", "2e-2"] if request.param == "lora" else ["--learning-rate", "5e-3"]
+    extra = EXTRA[request.param]
     # A finished earlier run in the same folder: the demo must start over, not resume from it.
     old = out / "trainer_output" / "checkpoint-999"
     old.mkdir(parents=True)
@@ -58,6 +62,13 @@ def test_lora_syncs_the_adapter_alone_and_checkpoints_it(demo_run, tiny_model_di
         assert max(sizes) < 0.25 * full_mb, (max(sizes), full_mb)
     else:
         assert min(sizes) > 0.9 * full_mb, (min(sizes), full_mb)
+    shards = checkpoints[-1] / "shards"
+    if lora and shards.is_dir():  # two ranks: each wrote its shards of what trains, not of the frozen base
+        from torch.distributed.checkpoint import FileSystemReader
+
+        assert "rank 1 of 2 joined" in (out / "trainer_output" / "logs" / "trainer.log").read_text()
+        saved = [k for k in FileSystemReader(str(shards)).read_metadata().state_dict_metadata if k.startswith("model.")]
+        assert saved and all(".lora_A." in k or ".lora_B." in k for k in saved), saved[:5]
 
 
 def test_demo_reward_rises(demo_run):

@@ -97,9 +97,6 @@ class AgrpoConfig(GRPOArgs):
             raise ValueError("trainer.weight_transport=local: the trainer serves generation itself at the one "
                              "vllm_server_base_url, from one trainer process (trainer.num_processes 1)")
         self._sync_keys_the_transport_reads()
-        if self.peft is not None and (self.trainer.num_processes > 1 or self.trainer.fsdp):
-            raise ValueError("peft: LoRA trains on one trainer process for now (trainer.num_processes 1, "
-                             "trainer.fsdp false)")
         if self.use_liger_kernel:
             raise ValueError("use_liger_kernel: not supported (as in TRL's async trainer)")
         if self.lr_scheduler_type not in ("constant", "constant_with_warmup") and self.max_steps <= 0:
