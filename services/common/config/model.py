@@ -58,9 +58,10 @@ class AgrpoConfig(GRPOArgs):
     None: full fine-tuning. Only the adapter trains; a checkpoint keeps it in peft's format with
     its optimizer state. A weight sync sends the adapter alone into servers started with
     --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (agrpo run, the demo and `agrpo vllm
-    --lora-rank` do), over http or shared_path, each version under its own adapter name; else (or
-    for bias, modules_to_save, an embedding or head adapter) the adapted layers merged, with one
-    warning. One trainer process for now (no FSDP); DoRA is refused."""
+    --lora-rank` do), in the weight transport's payload, each version under its own adapter name;
+    else (or for bias, modules_to_save, an embedding or head adapter) the adapted layers merged,
+    with one warning. On several trainer ranks FSDP2 shards base and adapter, and rank 0 gathers
+    what a sync sends. DoRA is refused."""
     sys_path: list[str] = Field(default_factory=list)
     """Folders put first on every service's sys.path before user code (reward functions, tools,
     environments) loads, as multiprocessing's spawn hands a child its parent's sys.path: the

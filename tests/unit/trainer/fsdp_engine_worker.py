@@ -100,6 +100,12 @@ def main() -> int:
     res["mixed_precision"] = mixed_precision_check(cfg, model_dir, batches[0])
     if rank == 0:
         compare(res, start, ref_weights, full, per_param, bf16)
+    return finish(res, out_path)
+
+
+def finish(res: dict, out_path: str) -> int:
+    """Rank 0 writes the results; every rank leaves the group together."""
+    if dist.get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(res, f, indent=1)
     dist.barrier()

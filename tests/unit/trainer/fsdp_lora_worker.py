@@ -13,14 +13,13 @@ same step of the one that saved it). tests/unit/trainer/test_fsdp_lora.py assert
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from fsdp_engine_worker import STEPS, run, step_batches
+from fsdp_engine_worker import STEPS, finish, run, step_batches
 
 from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.trainer.engine_factory import build_engine
@@ -59,11 +58,7 @@ def main() -> int:
         res["merged"] = distances(merged, weights_for_sync(ref, torch.float32))
         res["saved_is_adapter"] = distances(saved, adapter_for_sync(ref, None))
         res["shard_tensors"] = sorted(dcp.FileSystemReader(shards_dir).read_metadata().state_dict_metadata)
-        with open(out_path, "w") as f:
-            json.dump(res, f, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return finish(res, out_path)
 
 
 def distances(got, want) -> dict:
