@@ -26,6 +26,8 @@ from functools import partial
 
 import torch
 
+from agrpo.services.common.heap import release_free_heap
+
 from . import tree_attention
 from .loss import LossConfig, at_least_fp32, chunked_logprobs, normalised_loss, per_term_loss, policy_stats
 from .packing import MicroBatch, PackedRow
@@ -275,6 +277,9 @@ class Engine:
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)  # nothing reads them after the step: free them now
+        if self.device.type == "cpu":
+            release_free_heap()
         t2 = time.perf_counter()
         out = {"loss": total_loss,
                "grad_norm": grad_norm, "learning_rate": lr,

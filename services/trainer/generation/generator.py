@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from agrpo.services.common.heap import release_free_heap
 from agrpo.services.common.logging import get_logger
 
 from .sampling import SamplingParams, processed_logprobs, sample
@@ -151,9 +152,16 @@ class Generator:
                     _future(r).set_result([Choice(finish_reason="abort") for _ in range(r.params.n)])
 
     # Decoding
-    @torch.no_grad()
     def generate(self, requests: list[Request]) -> list[list[Choice]]:
-        """The completions of each request (blocking)."""
+        """The completions of each request (blocking); on a CPU the batch's freed memory then goes
+        back to the OS (services/common/heap.py)."""
+        completions = self._decode(requests)
+        if self.device.type == "cpu":
+            release_free_heap()
+        return completions
+
+    @torch.no_grad()
+    def _decode(self, requests: list[Request]) -> list[list[Choice]]:
         owner = [i for i, r in enumerate(requests) for _ in range(r.params.n)]
         params = [requests[i].params for i in owner]
         choices = [Choice() for _ in owner]
