@@ -195,6 +195,18 @@ def step_times(engine, mb, tree: bool, opts: dict, n: int) -> tuple[list[float],
     return times, out
 
 
+def perf_mfu(model, rows, tree: bool, opts: dict, step: float) -> dict:
+    """perf/mfu and perf/hfu as the trainer logs them (services/trainer/step_metrics.py)."""
+    from agrpo.services.trainer.step_metrics import FlopModel, throughput
+
+    layers = len(model.base_model.layers)
+    every = opts["gc_every"]
+    share = (len(range(0, layers, every)) / layers) if every and model.is_gradient_checkpointing else 0.0
+    perf = throughput(FlopModel.of(model, tree=tree, recompute=share), [_mb(rows)],
+                      [s for row in rows for s in row.samples], step, PEAK / 1e12)
+    return dict(perf_mfu=round(perf["perf/mfu"], 3), perf_hfu=round(perf["perf/hfu"], 3))
+
+
 def graphs() -> int:
     """Dynamo graphs compiled so far in this process."""
     import torch._dynamo.utils as du
@@ -311,7 +323,10 @@ def run(a, emit) -> None:
 def _mb(rows):
     from agrpo.services.trainer.packing import MicroBatch
 
-    return MicroBatch(rows=rows, num_terms=sum(r.num_terms for r in rows))
+    return MicroBatch(rows=rows, num_terms=sum(r.num_terms for r in rows),
+                      num_forward_tokens=sum(r.num_tokens for r in rows),
+                      num_samples=sum(len(r.samples) for r in rows),
+                      load=[sum(d + 1 for d in r.position_ids) for r in rows])  # attended (q, kv) pairs
 
 
 def _timed(a, spec: str, engine, rows, r: dict, n_params: int) -> dict:
@@ -336,6 +351,7 @@ def _timed(a, spec: str, engine, rows, r: dict, n_params: int) -> dict:
                  mfu=round(6 * n_params * tokens / step / PEAK, 3),
                  hw_mfu=round(6 * n_params * computed / step / PEAK, 3),
                  step_tflop=round(step_flops(engine(key).model.config, lrows, tree, not a.no_gc) / 1e12, 1),
+                 **perf_mfu(engine(key).model, lrows, tree, opts, step),
                  peak_mem_GiB=round(torch.cuda.max_memory_allocated() / 2**30, 1))
     except Exception as exc:  # noqa: BLE001
         r.setdefault("error", f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -389,8 +405,8 @@ def main() -> int:
 
 def print_table(path: str) -> int:
     rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
-    cols = [("step_s", 7), ("tokens_per_s", 9), ("mfu", 6), ("hw_mfu", 7), ("compile_s", 8), ("warm_graphs", 6),
-            ("timed_graphs", 6), ("peak_mem_GiB", 6), ("step_tflop", 6)]
+    cols = [("step_s", 7), ("tokens_per_s", 9), ("mfu", 6), ("hw_mfu", 7), ("perf_mfu", 8), ("perf_hfu", 8),
+            ("compile_s", 8), ("warm_graphs", 6), ("timed_graphs", 6), ("peak_mem_GiB", 6), ("step_tflop", 6)]
     print(f"{'model':<11}{'layout':<18}{'tokens':>7}{'comp.':>7}" + "".join(f"{c[:8]:>{w + 1}}" for c, w in cols))
     for r in rows:
         print(f"{r['label']:<11}{r['layout']:<18}{r['tokens']:>7}{r['computed_tokens']:>7}"

@@ -31,16 +31,17 @@ class FlopModel:
     num_layers: int
     tree: bool = True
     """Prefix-tree rows (a shared prompt computed once) or one chain per sample."""
-    recompute: bool = False
-    """Gradient checkpointing: every layer's forward runs again in the backward."""
+    recompute: float = 0.0
+    """Gradient checkpointing: the share of layers whose forward runs again in the backward."""
 
     @classmethod
-    def of(cls, model, tree: bool, recompute: bool) -> FlopModel:
+    def of(cls, model, tree: bool, recompute: float) -> FlopModel:
         total = sum(p.numel() for p in model.parameters())
         embed = model.get_input_embeddings().weight
         tied = any(p is embed for p in model.get_output_embeddings().parameters())
         cfg = model.config
-        return cls(total if tied else total - embed.numel(), cfg.hidden_size, cfg.num_hidden_layers, tree, recompute)
+        return cls(total if tied else total - embed.numel(), cfg.hidden_size, cfg.num_hidden_layers, tree,
+                   float(recompute))
 
     def forward_flops(self, tokens: int, pairs: int) -> float:
         """One forward: 2 FLOPs per matmul parameter per token, 4 x hidden per attended (q, kv)
@@ -86,7 +87,7 @@ def step_metrics(step_in, stats: dict, *, version: int, ledger, drops, flops: Fl
     _rewards(out, samples)
     _sample_metrics(out, samples)
     _collator(out, step_in.batches, token_budget)
-    _perf(out, flops, step_in.batches, samples, compute_s, peak_tflops)
+    out.update(throughput(flops, step_in.batches, samples, compute_s, peak_tflops))
     _sync(out, last_sync, sync_bytes)
     return out
 
@@ -155,14 +156,14 @@ def _rewards(out: dict, samples) -> None:
         out["frac_reward_zero_std"] = sum(1 for g in flat if _std(g) == 0) / len(flat)
 
 
-def _perf(out: dict, flops: FlopModel, batches, samples, compute_s: float, peak: float | None) -> None:
+def throughput(flops: FlopModel, batches, samples, compute_s: float, peak: float | None) -> dict[str, float]:
     """Throughput as peers log it. Tokens and (q, kv) pairs actually computed: a tree row's unique
     tokens and load, else every sample's chain. perf/mfu: model FLOPs (forward and backward,
     attention included, checkpoint recompute not) per second over the peak; perf/hfu: every FLOP
     executed (the recompute too). perf/unshared_mfu counts every sample's prompt as if it were
     computed: the MFU a trainer without prefix sharing would need for the same step time."""
     if compute_s <= 0:
-        return
+        return {}
     lengths = [len(s) for s in samples]
     chains = sum(n * (n + 1) // 2 for n in lengths)
     if flops.tree:
@@ -170,14 +171,15 @@ def _perf(out: dict, flops: FlopModel, batches, samples, compute_s: float, peak:
     else:
         tokens, pairs = sum(lengths), chains
     model = 3 * flops.forward_flops(tokens, pairs)
-    executed = model + (flops.forward_flops(tokens, pairs) if flops.recompute else 0.0)
-    out["perf/tokens_per_s"] = tokens / compute_s
+    executed = model + flops.recompute * flops.forward_flops(tokens, pairs)
+    out = {"perf/tokens_per_s": tokens / compute_s}
     out["perf/sample_tokens_per_s"] = sum(lengths) / compute_s
     out["perf/tflops"] = model / compute_s / 1e12
     if peak:
         out["perf/mfu"] = model / compute_s / (peak * 1e12)
         out["perf/hfu"] = executed / compute_s / (peak * 1e12)
         out["perf/unshared_mfu"] = 3 * flops.forward_flops(sum(lengths), chains) / compute_s / (peak * 1e12)
+    return out
 
 
 def _sync(out: dict, last_sync: dict[str, float], sync_bytes: int) -> None:
