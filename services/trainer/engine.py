@@ -29,7 +29,15 @@ import torch
 from agrpo.services.common.heap import release_free_heap
 
 from . import tree_attention
-from .loss import LossConfig, at_least_fp32, chunked_logprobs, normalised_loss, per_term_loss, policy_stats
+from .loss import (
+    LossConfig,
+    at_least_fp32,
+    chunked_logprobs,
+    materialize,
+    normalised_loss,
+    per_term_loss,
+    policy_stat_tensors,
+)
 from .packing import MicroBatch, PackedRow
 
 
@@ -232,18 +240,22 @@ class Engine:
         segment = torch.tensor(row.segment_id, device=dev)
         per, _ = per_term_loss(logp, old, adv, self.cfg.loss, segment)
         loss = normalised_loss(per, global_terms, world, grad_accum) / rows_per_rank
-        stats = policy_stats(logp.detach(), old, adv, entropy, segment, self.cfg.loss, self._staleness(row))
+        staleness, levels = self._staleness(row)
+        stats = policy_stat_tensors(logp.detach(), old, adv, entropy, segment, self.cfg.loss, staleness, levels)
         if self.last_aux is not None and self.aux_coef:
             loss = loss + self.aux_coef * self.last_aux / grad_accum / rows_per_rank
-            stats["aux_loss"] = (float(self.last_aux.detach()), 1.0)
+            stats["aux_loss"] = (self.last_aux.detach(), 1.0)
         return loss, stats
 
-    def _staleness(self, row: PackedRow) -> torch.Tensor | None:
-        """Per term: how far behind the trainer its sample's version is (None when unknown)."""
+    def _staleness(self, row: PackedRow) -> tuple[torch.Tensor | None, list[int] | None]:
+        """Per term: how far behind the trainer its sample's version is, and the distinct values
+        of the row's terms (None, None when unknown)."""
         if self.staleness is None or not row.samples:
-            return None
-        per_sample = torch.tensor([self.staleness(s.policy_version) for s in row.samples], device=self.device)
-        return per_sample[torch.tensor(row.segment_id, device=self.device, dtype=torch.long)]
+            return None, None
+        lag = [self.staleness(s.policy_version) for s in row.samples]
+        per_sample = torch.tensor(lag, device=self.device)
+        levels = sorted({lag[i] for i in set(row.segment_id)})
+        return per_sample[torch.tensor(row.segment_id, device=self.device, dtype=torch.long)], levels
 
     def my_rows(self, mb: MicroBatch) -> list[PackedRow]:
         """This process's rows of a micro-batch (all of them single process)."""
@@ -261,41 +273,45 @@ class Engine:
         t0 = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total_loss = 0.0
+        # The loss and the diagnostics stay on the device until the optimizer step is queued:
+        # one read per step, so the GPU never waits on the CPU between forward and backward.
+        total = torch.zeros((), device=self.device)
         stats: dict = {}
         for mb in batches:
             world = len(mb.rows)
             for row in self.my_rows(mb):
                 loss, row_stats = self.row_loss(row, mb.num_terms, world, len(batches), world / self.world)
                 loss.backward()
-                total_loss += loss.item() / self.world  # this row's share of the single-process loss
+                total = total + loss.detach() / self.world  # this row's share of the single-process loss
                 _merge(stats, row_stats)
         if self.world > 1:
-            total_loss, stats = _gather_stats(total_loss, stats)
+            read = materialize({"loss": total, **stats})
+            total, stats = _gather_stats(read.pop("loss"), read)
         t1 = time.perf_counter()
         grad_norm = self._clip()
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)  # nothing reads them after the step: free them now
+        read = materialize({"loss": total, "grad_norm": grad_norm, **stats})
         if self.device.type == "cpu":
             release_free_heap()
         t2 = time.perf_counter()
-        out = {"loss": total_loss,
-               "grad_norm": grad_norm, "learning_rate": lr,
+        out = {"loss": read.pop("loss"), "grad_norm": read.pop("grad_norm"), "learning_rate": lr,
                "perf/forward_backward_s": t1 - t0, "perf/optimizer_s": t2 - t1}
-        out.update(_reduce(stats))
+        out.update(_reduce(read))
         return out
 
-    def _clip(self) -> float:
+    def _clip(self) -> torch.Tensor | float:
+        """The gradients' global norm (a device tensor single process: read with the step's stats)."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.world > 1:
             return _clip_sharded(params, self.cfg.max_grad_norm)
         if not params:
             return 0.0
         if self.cfg.max_grad_norm and self.cfg.max_grad_norm > 0:
-            return float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
-        return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+            return torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
 
     @torch.no_grad()
     def eval_loss(self, batches: list[MicroBatch]) -> float:
@@ -351,14 +367,18 @@ def _gather_stats(total: float, stats: dict) -> tuple[float, dict]:
 
 
 def _merge(acc: dict, stats: dict) -> None:
+    """Sum (numerator, denominator) pairs, keep extrema; tensors stay tensors (no read)."""
     for k, v in stats.items():
         if isinstance(v, tuple):
             num, den = acc.get(k, (0.0, 0.0))
             acc[k] = (num + v[0], den + v[1])
-        elif k.endswith(("_min", "/min")):
-            acc[k] = min(acc.get(k, v), v)
+        elif k not in acc:
+            acc[k] = v
+        elif isinstance(v, torch.Tensor) or isinstance(acc[k], torch.Tensor):
+            pick = torch.minimum if k.endswith(("_min", "/min")) else torch.maximum
+            acc[k] = pick(torch.as_tensor(acc[k]), torch.as_tensor(v))
         else:
-            acc[k] = max(acc.get(k, v), v)
+            acc[k] = min(acc[k], v) if k.endswith(("_min", "/min")) else max(acc[k], v)
 
 
 def _reduce(acc: dict) -> dict[str, float]:

@@ -149,14 +149,28 @@ def normalised_loss(per_term: torch.Tensor, global_terms: int, world_size: int =
     return per_term.sum() / max(global_terms / world_size, 1) / grad_accum
 
 
-@torch.no_grad()
+Stat = tuple[torch.Tensor | float, torch.Tensor | float] | torch.Tensor | float
+"""A diagnostic: (numerator, denominator) to sum over rows, or a plain extremum."""
+
+
 def policy_stats(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, entropy: torch.Tensor,
                  segment: torch.Tensor, cfg: LossConfig,
                  staleness: torch.Tensor | None = None) -> dict[str, tuple[float, float] | float]:
-    """TRL's diagnostics as (numerator, denominator) pairs, so they reduce over batches.
+    """policy_stat_tensors as Python numbers."""
+    return materialize(policy_stat_tensors(logp, old, adv, entropy, segment, cfg, staleness))
+
+
+@torch.no_grad()
+def policy_stat_tensors(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, entropy: torch.Tensor,
+                        segment: torch.Tensor, cfg: LossConfig, staleness: torch.Tensor | None = None,
+                        stale_levels: list[int] | None = None) -> dict[str, Stat]:
+    """TRL's diagnostics as (numerator, denominator) pairs, so they reduce over batches; 0-d
+    tensors, read once per step (`materialize`): a read per statistic would stall the GPU
+    between the forward and the backward.
 
     kl is the k3 estimator against the behaviour policy (the trainer/vLLM mismatch at
-    step start, staleness included), also as mismatch/k3_kl_{mean,max} and per staleness;
+    step start, staleness included), also as mismatch/k3_kl_{mean,max} and per staleness
+    (`stale_levels`: its distinct values when the caller knows them);
     clip_ratio/* are taken on the surrogate's ratio (1 at step start when IS-corrected);
     clip_ratio/low_min and high_max (plain values) are extrema over sequences.
     """
@@ -167,34 +181,49 @@ def policy_stats(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, entro
     surrogate = torch.ones_like(ratio) if cfg.is_mode else ratio
     low = ((surrogate < 1 - cfg.epsilon) & (adv < 0)).float()
     high = ((surrogate > 1 + cfg.epsilon_high) & (adv > 0)).float()
-    stats: dict[str, tuple[float, float] | float] = {
-        "ratio": (ratio.sum().item(), n),
-        "kl": (k3.sum().item(), n),
-        "mismatch/k3_kl_mean": (k3.sum().item(), n),
-        "entropy": (entropy.sum().item(), n),
-        "clip_ratio/low_mean": (low.sum().item(), n),
-        "clip_ratio/high_mean": (high.sum().item(), n),
-        "clip_ratio/region_mean": ((low + high).clamp(max=1).sum().item(), n),
-        "sampling/sampling_logp_difference/mean": (log_ratio.abs().sum().item(), n),
+    stats: dict[str, Stat] = {
+        "ratio": (ratio.sum(), n),
+        "kl": (k3.sum(), n),
+        "mismatch/k3_kl_mean": (k3.sum(), n),
+        "entropy": (entropy.sum(), n),
+        "clip_ratio/low_mean": (low.sum(), n),
+        "clip_ratio/high_mean": (high.sum(), n),
+        "clip_ratio/region_mean": ((low + high).clamp(max=1).sum(), n),
+        "sampling/sampling_logp_difference/mean": (log_ratio.abs().sum(), n),
     }
     if not n:
         return stats
-    stats["mismatch/k3_kl_max"] = k3.max().item()
-    stats["sampling/sampling_logp_difference/max"] = log_ratio.abs().max().item()
+    stats["mismatch/k3_kl_max"] = k3.max()
+    stats["sampling/sampling_logp_difference/max"] = log_ratio.abs().max()
     if cfg.is_mode:
         w = importance_weights(log_ratio, segment, cfg)
-        stats["sampling/importance_sampling_ratio/mean"] = (w.sum().item(), n)
-        stats["sampling/importance_sampling_ratio/min"] = w.min().item()
-        stats["sampling/importance_sampling_ratio/max"] = w.max().item()
-        stats["mismatch/masked_share"] = ((w == 0).float().sum().item(), n)
+        stats["sampling/importance_sampling_ratio/mean"] = (w.sum(), n)
+        stats["sampling/importance_sampling_ratio/min"] = w.min()
+        stats["sampling/importance_sampling_ratio/max"] = w.max()
+        stats["mismatch/masked_share"] = ((w == 0).float().sum(), n)
     if staleness is not None:
-        for k in torch.unique(staleness).tolist():
+        for k in stale_levels if stale_levels is not None else torch.unique(staleness).tolist():
             at = staleness == k
-            stats[f"mismatch/k3_kl_mean/staleness_{int(k)}"] = (k3[at].sum().item(), float(at.sum()))
+            stats[f"mismatch/k3_kl_mean/staleness_{int(k)}"] = (k3[at].sum(), at.sum())
     counts = torch.bincount(segment).clamp(min=1).float()
     seg_low = torch.bincount(segment, weights=low) / counts
     seg_high = torch.bincount(segment, weights=high) / counts
-    present = torch.bincount(segment) > 0
-    stats["clip_ratio/low_min"] = seg_low[present].min().item()
-    stats["clip_ratio/high_max"] = seg_high[present].max().item()
+    absent = torch.bincount(segment) == 0  # segment ids with no term: left out of the extrema
+    stats["clip_ratio/low_min"] = seg_low.masked_fill(absent, float("inf")).min()
+    stats["clip_ratio/high_max"] = seg_high.masked_fill(absent, float("-inf")).max()
     return stats
+
+
+def materialize(stats: dict) -> dict:
+    """The same dict with every tensor read as a float, in one device-to-host copy."""
+    leaves = [v for value in stats.values() for v in (value if isinstance(value, tuple) else (value,))
+              if isinstance(v, torch.Tensor)]
+    if not leaves:
+        return dict(stats)
+    read = iter(torch.stack([t.detach().reshape(()).double() for t in leaves]).tolist())
+
+    def number(v):
+        return next(read) if isinstance(v, torch.Tensor) else v
+
+    return {k: tuple(number(v) for v in value) if isinstance(value, tuple) else number(value)
+            for k, value in stats.items()}

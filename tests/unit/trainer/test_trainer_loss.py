@@ -129,3 +129,26 @@ def test_mismatch_stats_by_staleness_and_masked_share():
     assert stats["mismatch/masked_share"] == (1.0, 4.0)
     assert stats["sampling/importance_sampling_ratio/max"] == pytest.approx(2.0)
     assert stats["clip_ratio/region_mean"] == (0.0, 4.0)  # corrected: the surrogate starts at 1
+
+
+def test_stats_stay_on_the_device_until_read_once():
+    from agrpo.services.trainer.engine import _merge, _reduce
+    from agrpo.services.trainer.loss import materialize, policy_stat_tensors
+
+    cfg = LossConfig(0.2, 0.2, is_mode="token_mask", is_max=2.0)
+    args = (torch.zeros(4), torch.log(torch.tensor([0.25, 1.0, 1.0, 0.5])), torch.tensor([1.0, -1.0, 1.0, -1.0]),
+            torch.ones(4), torch.tensor([0, 0, 1, 1]), cfg, torch.tensor([2, 2, 0, 0]))
+    lazy = policy_stat_tensors(*args, stale_levels=[0, 2])
+    assert all(isinstance(v[0] if isinstance(v, tuple) else v, torch.Tensor) for v in lazy.values())
+    read, eager = materialize(lazy), policy_stats(*args)
+    assert read.keys() == eager.keys()
+    for key, value in eager.items():
+        assert read[key] == pytest.approx(value), key
+    acc: dict = {}
+    _merge(acc, lazy)
+    _merge(acc, policy_stat_tensors(torch.log(torch.tensor([3.0])), torch.zeros(1), torch.ones(1), torch.ones(1),
+                                    torch.tensor([0]), cfg))
+    merged = _reduce(materialize(acc))
+    assert merged["mismatch/k3_kl_max"] == pytest.approx(max((4 - 1) - math.log(4), (3 - 1) - math.log(3)))
+    assert merged["sampling/importance_sampling_ratio/min"] == 0.0  # the masked term of the first row
+    assert merged["entropy"] == pytest.approx(1.0) and merged["ratio"] == pytest.approx((4 + 1 + 1 + 2 + 3) / 5)
