@@ -67,7 +67,8 @@ source in .venv-trl, each matched to /work/shared/reference/trl-grpotrainer-base
 - mask_truncated_completions False: truncated completions are trained too.
 - dtype: --dtype (float32 default) via model_init_kwargs; bf16 = False and fp16 = False
   explicitly (TRL's config defaults bf16 to True when fp16 is unset: mixed-precision autocast,
-  also on the CPU, which would not be "the same arithmetic").
+  also on the CPU, which would not be "the same arithmetic"). `--bf16` turns the autocast on,
+  as agrpo's GPU trainer has it: gpu-smollm2 trains fp32 weights under bf16 autocast.
 - gradient_checkpointing False (TRL's config defaults it to True).
 - disable_dropout False (TRL default; both models have dropout 0).
 - threads: --threads sets OMP_NUM_THREADS/MKL_NUM_THREADS before torch is imported and
@@ -108,6 +109,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-generations", type=int, default=8)
     p.add_argument("--prompts-per-step", type=int, default=2)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (TRL's bf16=True), as agrpo on a GPU")
     p.add_argument("--optim", default="adamw_torch_fused",
                    help="adamw_torch_fused (default; fused kernel exists on CPU with torch 2.13) or adamw_torch")
     p.add_argument("--t0", type=float, default=None,
@@ -192,7 +194,7 @@ def main(argv=None) -> int:
         mask_truncated_completions=False,
         # arithmetic
         model_init_kwargs={"dtype": args.dtype},
-        bf16=False,
+        bf16=args.bf16,
         fp16=False,
         gradient_checkpointing=False,
         # generation backend

@@ -58,6 +58,9 @@ class Task:
     reward: str  # a function of agrpo/demo/task.py
     gpu: bool = False
     demo_args: tuple[str, ...] = ()
+    dtype: str = "bfloat16"
+    """GPU tasks: the weights' dtype on both sides (fp32 weights train under bf16 autocast).
+    SmolLM2 learns at lr 2e-5 only in fp32: in bf16 such updates round away (neither side did)."""
 
 
 TASKS = {
@@ -65,7 +68,7 @@ TASKS = {
     "smollm2": Task("smollm2", "smollm2", 20, (0.6,), 5, "final_answer"),
     "gpu-0.5b": Task("gpu-0.5b", "0.5b", 80, (0.5, 0.9), 10, "digit_share", gpu=True),
     "gpu-1.5b": Task("gpu-1.5b", "1.5b", 80, (0.5, 0.9), 10, "digit_share", gpu=True),
-    "gpu-smollm2": Task("gpu-smollm2", "smollm2", 40, (0.6,), 5, "final_answer", gpu=True),
+    "gpu-smollm2": Task("gpu-smollm2", "smollm2", 40, (0.6,), 5, "final_answer", gpu=True, dtype="float32"),
 }
 AGRPO_VARIANTS = {"agrpo": [], "agrpo-sync": ["--set", "trainer.schedule=sync"],
                   "agrpo-async": ["--set", "trainer.schedule=async"],
@@ -133,7 +136,8 @@ def run_trl(task: Task, seed: int, model: Path, prompts: Path, a) -> Run:
             "--max-completion-length", str(s["max_completion_length"]), "--lr", str(s["learning_rate"]),
             "--out", str(out), "--quiet"]
     if task.gpu:
-        argv += ["--use-vllm", "--vllm-mode", "colocate", "--dtype", "bfloat16"]
+        argv += ["--use-vllm", "--vllm-mode", "colocate", "--dtype", task.dtype]
+        argv += ["--bf16"] if task.dtype != "bfloat16" else []
     t0 = time.time()
     proc = _run([*argv, "--t0", str(t0)], a.out / f"trl_seed{seed}.log", a.timeout)
     run = Run("trl", seed)
@@ -152,7 +156,7 @@ def run_agrpo(task: Task, system: str, seed: int, a) -> Run:
     argv = [sys.executable, "-m", "agrpo.cli", "demo", "--model", task.demo_model, "--steps", str(a.steps or task.steps),
             "--out", str(out), "--cache", str(a.cache), "--set", f"seed={seed}", *AGRPO_VARIANTS[system],
             *(x for kv in a.set for x in ("--set", kv)),
-            *(("--gpu",) if task.gpu else ()), *task.demo_args]
+            *(("--gpu", "--dtype", task.dtype) if task.gpu else ()), *task.demo_args]
     t0 = time.time()
     proc = _run(argv, a.out / f"{system}_seed{seed}.log", a.timeout, {**os.environ, "OMP_NUM_THREADS": "1"})
     run = Run(system, seed)
