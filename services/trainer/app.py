@@ -10,6 +10,8 @@ every vLLM server (slow, so the gRPC server answers NOT_SERVING meanwhile); the 
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -103,8 +105,10 @@ class TrainerApp:
 
     async def boot(self) -> None:
         """Load the model (or the checkpoint), open the weight syncer, cold-sync every server."""
-        from .setup import build_loop
+        t0 = time.perf_counter()
+        from .setup import build_loop  # torch and transformers: seconds
 
+        imported = time.perf_counter()
         try:
             self.loop = await asyncio.to_thread(build_loop, self)
         except (OSError, ValueError) as exc:
@@ -113,10 +117,14 @@ class TrainerApp:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             raise StartupError(f"{key} cannot be loaded: {first}") from exc
         self.intake.bind_limits(self.loop)
+        built = time.perf_counter()
         await self.loop.syncer.open()
         await self.loop.cold_sync()
         self.ready = True
-        log.info("trainer ready at version %d (step %d)", self.state.version, self.state.step)
+        done = time.perf_counter()
+        log.info("trainer ready at version %d (step %d): imports %.1f s, build %.1f s, weight sync %.1f s; "
+                 "process up %s", self.state.version, self.state.step, imported - t0, built - imported,
+                 done - built, _uptime())
 
     def stop_training(self) -> None:
         """Finish the step in progress, then stop."""
@@ -146,3 +154,13 @@ class TrainerApp:
                 "idle_s": self.loop.idle.idle_s if self.loop else 0.0,
                 "busy_s": self.loop.idle.total_s - self.loop.idle.idle_s if self.loop else 0.0,
                 "pacing_window": self.intake.pace.window}
+
+
+def _uptime() -> str:
+    """Seconds since this process started (Linux /proc), for the start-up log line."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot_s = float(Path("/proc/uptime").read_text().split()[0])
+        return f"{boot_s - start_ticks / os.sysconf('SC_CLK_TCK'):.1f} s"
+    except (OSError, ValueError, IndexError):
+        return "unknown"

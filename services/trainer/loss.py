@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -149,7 +150,7 @@ def normalised_loss(per_term: torch.Tensor, global_terms: int, world_size: int =
     return per_term.sum() / max(global_terms / world_size, 1) / grad_accum
 
 
-Stat = tuple[torch.Tensor | float, torch.Tensor | float] | torch.Tensor | float
+Stat: TypeAlias = tuple[torch.Tensor | float, torch.Tensor | float] | torch.Tensor | float
 """A diagnostic: (numerator, denominator) to sum over rows, or a plain extremum."""
 
 
