@@ -28,7 +28,8 @@ from agrpo.launcher.vllm_plan import lora_flags, trainer_generates
 from agrpo.services.common import weight_transports
 from agrpo.services.common.config import ConfigError, load_config
 from agrpo.services.common.config.loader import merge
-from agrpo.services.common.vllm_process import VLLMServer, free_port, supports_scale_out
+from agrpo.services.common.ports import free_port
+from agrpo.services.common.vllm_process import VLLMServer, supports_scale_out
 
 from . import gpu as gpu_mode
 from . import models, report

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from agrpo.services.common.affinity import pin_threads
 from agrpo.services.common.lifetime import dying_with_this_process
+from agrpo.services.common.ports import free_port
 from agrpo.services.common.timeouts import (
     GENERATE_PROBE_TIMEOUT_S,
     PROCESS_EXIT_WAIT_S,
@@ -141,12 +141,6 @@ class GpuProfile:
             paths.append(plugin)
         return {"CUDA_VISIBLE_DEVICES": self.gpu, "VLLM_USE_FLASHINFER_SAMPLER": "0",
                 "VLLM_SERVER_DEV_MODE": "1", **NCCL_SAFE_ENV, "PYTHONPATH": os.pathsep.join(paths)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VLLMServer:

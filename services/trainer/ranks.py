@@ -104,7 +104,7 @@ def init(world: World, timeout_s: float, use_cuda: bool, fsdp: bool = False) -> 
     if use_cuda:
         torch.cuda.set_device(world.local_rank)
     if world.size == 1:
-        from agrpo.services.common.vllm_process import free_port
+        from agrpo.services.common.ports import free_port
 
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))

@@ -40,6 +40,7 @@ from urllib.parse import urlparse
 import torch
 
 from agrpo.services.common.logging import get_logger
+from agrpo.services.common.ports import free_port
 from agrpo.services.common.vllm_process import parse_vllm_version as parse_version
 
 from .base import Prepared, WeightTransport
@@ -132,12 +133,6 @@ def local_address_for(url: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((host, 9))
         return s.getsockname()[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 class NcclLib:
@@ -280,7 +275,7 @@ class NcclTransport(WeightTransport):
             local = lambda: _Comm("nccl", _init_rank0(world, uid), proto)  # noqa: E731
         else:
             addr = self.master_address or local_address_for(admin.url)
-            port = free_port()
+            port = free_port("")  # every interface: vLLM may dial from another host
             info = init_info(proto, world, master_address=addr, master_port=port,
                              buffer_bytes=self.buffer_bytes)
             local = (lambda: _vllm_rank0(addr, port, world, proto)) if way == "vllm" else \
