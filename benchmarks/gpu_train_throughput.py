@@ -202,7 +202,7 @@ def perf_mfu(model, rows, tree: bool, opts: dict, step: float) -> dict:
     layers = len(model.base_model.layers)
     every = opts["gc_every"]
     share = (len(range(0, layers, every)) / layers) if every and model.is_gradient_checkpointing else 0.0
-    perf = throughput(FlopModel.of(model, tree=tree, recompute=share), [_mb(rows)],
+    perf = throughput(FlopModel.of(model, tree=tree, recompute=share), [micro_batch(rows)],
                       [s for row in rows for s in row.samples], step, PEAK / 1e12)
     return dict(perf_mfu=round(perf["perf/mfu"], 3), perf_hfu=round(perf["perf/hfu"], 3))
 
@@ -345,7 +345,7 @@ def run(a, emit) -> None:
         base, key, opts = parse_layout(spec)
         g0 = graphs()
         try:
-            warm, _ = step_times(engine(key), _mb(rows[base][0]), rows[base][1], opts, a.warmup)
+            warm, _ = step_times(engine(key), micro_batch(rows[base][0]), rows[base][1], opts, a.warmup)
             results[spec] = dict(first_step_s=round(warm[0], 2), warm_graphs=graphs() - g0)
         except Exception as exc:  # noqa: BLE001  (OOM, compile failure: recorded, next layout)
             results[spec] = dict(error=f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -358,13 +358,14 @@ def run(a, emit) -> None:
         for spec in filter(None, (a.profile or "").split(",")):
             base, key, opts = parse_layout(spec)
             try:
-                profile_step(engine(key), _mb(rows[base][0]), rows[base][1], opts,
+                profile_step(engine(key), micro_batch(rows[base][0]), rows[base][1], opts,
                              Path(a.profile_out or f"{a.label}_profile.txt"), f"{a.label} {spec}")
             except Exception as exc:  # noqa: BLE001
                 print("[profile]", spec, "failed:", repr(exc)[:300], flush=True)
 
 
-def _mb(rows):
+def micro_batch(rows):
+    """Packed rows as the batcher's micro-batch, with the counts the step metrics read."""
     from agrpo.services.trainer.packing import MicroBatch
 
     return MicroBatch(rows=rows, num_terms=sum(r.num_terms for r in rows),
@@ -386,7 +387,7 @@ def _timed(a, spec: str, engine, rows, r: dict, n_params: int) -> dict:
             raise RuntimeError(r["error"])
         torch.cuda.reset_peak_memory_stats()
         g0 = graphs()
-        times, stats = step_times(engine(key), _mb(lrows), tree, opts, a.steps)
+        times, stats = step_times(engine(key), micro_batch(lrows), tree, opts, a.steps)
         step = statistics.median(times)
         r.update(step_s=round(step, 3), steps_s=[round(t, 3) for t in times], loss=stats["loss"],
                  timed_graphs=graphs() - g0,

@@ -55,7 +55,7 @@ def one_mode(a) -> dict:
 
     from agrpo.services.common.config import AgrpoConfig
     from agrpo.services.trainer import ranks
-    from benchmarks.gpu_train_throughput import _mb, make_samples, tree_rows
+    from benchmarks.gpu_train_throughput import make_samples, micro_batch, tree_rows
 
     over = MODES[a.mode]
     cfg = AgrpoConfig(model=a.model, tokenizer=a.tokenizer, dtype=over["dtype"], gradient_checkpointing=True,
@@ -72,7 +72,7 @@ def one_mode(a) -> dict:
     n_params = sum(p.numel() for p in engine.model.parameters())
     trained = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
     samples = make_samples(a.groups, a.group_size, a.prompt, a.completion, vocab)
-    mb = _mb(tree_rows(samples, a.group_size))
+    mb = micro_batch(tree_rows(samples, a.group_size))
     tokens = sum(len(s) for row in mb.rows for s in row.samples)
     times = []
     for i in range(a.warmup + a.steps):

@@ -120,7 +120,7 @@ def _batch(vocab: int):
     import gpu_train_throughput as g
 
     samples = g.make_samples(2, 8, 32, 24, vocab)
-    return g._mb(g.tree_rows(samples, 16))
+    return g.micro_batch(g.tree_rows(samples, 16))
 
 
 if __name__ == "__main__":

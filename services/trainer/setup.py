@@ -4,8 +4,6 @@ scheduler, engine, weight transport and syncer, step logger. Blocking (runs in a
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from agrpo.services.common import weight_transports
@@ -65,9 +63,7 @@ def build_loop(app) -> TrainerLoop:
         raise ValueError("trainer needs `model` (a path or id)")
     shards = ckpt / checkpoint.SHARDS if ckpt is not None else None
     shards = str(shards) if shards is not None and shards.exists() else None
-    t0 = time.perf_counter()
     engine, tokenizer, device = app.ranks.build(cfg, str(ckpt) if ckpt else cfg.model, shards)
-    log.info("model, optimizer and engine built in %.1f s on %s", time.perf_counter() - t0, device)
     if ckpt is not None and shards is None and not checkpoint.restore_optimizer(ckpt, engine.optimizer,
                                                                                   engine.scheduler):
         log.warning("%s holds no optimizer state (save_only_model): optimizer starts fresh", ckpt)

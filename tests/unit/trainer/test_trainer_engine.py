@@ -74,3 +74,17 @@ def test_moe_router_aux_loss_is_added(make_groups):
         losses[coef] = stats["loss"]
     assert stats["aux_loss"] > 0
     assert losses[0.5] == pytest.approx(losses[0.0] + 0.5 * stats["aux_loss"], rel=1e-4)
+
+
+def test_a_step_times_its_phases_without_reading_the_device_mid_step(engine, make_groups):
+    from agrpo.services.trainer.engine import StepClock
+
+    samples = make_groups(n_groups=2, size=4, prompt_len=6, seed=3)
+    stats = engine.train_step(list(iter_batches(TokenBudgetBatcher(1, 512, max_samples=4), samples)))
+    assert stats["perf/forward_backward_s"] > 0 and stats["perf/optimizer_s"] > 0
+    assert isinstance(stats["loss"], float) and isinstance(stats["grad_norm"], float)
+    clock = StepClock(torch.device("cpu"))
+    clock.mark()
+    clock.mark()
+    spans = clock.spans()
+    assert len(spans) == 2 and all(s >= 0 for s in spans)
