@@ -36,6 +36,8 @@ from .supervisor import RestartPolicy, Supervised
 from .vllm_plan import servers_to_start, settings_for, trainer_generates
 
 ORDER = ("reward", "trainer", "rollout")
+INTERRUPTED = 130
+"""The exit status of a job stopped by Ctrl-C or SIGTERM (a shell's 128 + SIGINT)."""
 
 
 @dataclass
@@ -230,7 +232,7 @@ class Job:
                 self.stop()
             except KeyboardInterrupt:
                 self.stop(kill=True)
-            return 130
+            return INTERRUPTED
         finally:
             if follower is not None:
                 follower.close()
