@@ -131,13 +131,14 @@ class AsyncGRPOTrainer:
     def train(self) -> int:
         """Run the job to the end; raises RuntimeError when it fails, and KeyboardInterrupt (as
         any Python call interrupted by Ctrl-C) once an interrupted job has stopped everything."""
-        from agrpo.launcher.job import INTERRUPTED, Job, JobOptions
+        from agrpo.launcher.job import Job, JobOptions
         from agrpo.services.common.config import load_config
+        from agrpo.services.common.preflight import INTERRUPTED_EXIT
 
         path = self.config()
         cfg = load_config(["--config", str(path)], {})
         status = Job(cfg, JobOptions(path)).run()
-        if status == INTERRUPTED:
+        if status == INTERRUPTED_EXIT:
             print(f"[run] interrupted: every process it started has been stopped; checkpoints in "
                   f"{cfg.resolved_output_dir} (resume_from_checkpoint=True continues from the latest)",
                   file=sys.stderr)

@@ -95,6 +95,7 @@ def parse(argv: list[str]):
 def main(argv: list[str]) -> int:
     """Run the demo; print its summary; 0 on success."""
     from agrpo.services.common.config import ConfigError
+    from agrpo.services.common.preflight import INTERRUPTED_EXIT
 
     from .runner import run
 
@@ -105,7 +106,7 @@ def main(argv: list[str]) -> int:
         result = run(opts)
     except KeyboardInterrupt:
         print("\n[demo] interrupted: every process it started has been stopped")
-        return 130
+        return INTERRUPTED_EXIT
     except ConfigError as exc:  # a typo in --set or an AGRPO_* variable, found before vLLM starts
         print(f"[demo] config error: {exc}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from agrpo.services.common import weight_transports
-from agrpo.services.common.preflight import STARTUP_ERROR_EXIT, StartupError, check_port
+from agrpo.services.common.preflight import INTERRUPTED_EXIT, STARTUP_ERROR_EXIT, StartupError, check_port
 from agrpo.services.common.timeouts import (
     ROLLOUT_STATUS_POLL_S,
     SERVICE_STOP_GRACE_S,
@@ -36,8 +36,6 @@ from .supervisor import RestartPolicy, Supervised
 from .vllm_plan import servers_to_start, settings_for, trainer_generates
 
 ORDER = ("reward", "trainer", "rollout")
-INTERRUPTED = 130
-"""The exit status of a job stopped by Ctrl-C or SIGTERM (a shell's 128 + SIGINT)."""
 
 
 @dataclass
@@ -232,7 +230,7 @@ class Job:
                 self.stop()
             except KeyboardInterrupt:
                 self.stop(kill=True)
-            return INTERRUPTED
+            return INTERRUPTED_EXIT
         finally:
             if follower is not None:
                 follower.close()

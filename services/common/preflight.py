@@ -14,6 +14,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 STARTUP_ERROR_EXIT = 2
+INTERRUPTED_EXIT = 130
+"""The exit status of a process stopped by Ctrl-C or SIGTERM (a shell's 128 + SIGINT)."""
 BUILDERS = {"json", "csv", "parquet", "text", "arrow", "webdataset", "imagefolder", "audiofolder"}
 
 

@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from .config.sections import AuthConfig, ServiceSection, TLSConfig
 from .errors import DecodeErrors
 from .logging import get_logger
+from .preflight import INTERRUPTED_EXIT
 from .security import BearerTokenInterceptor, server_credentials, server_token
 
 log = get_logger("server")
@@ -121,7 +122,7 @@ class StopSignals:
         self.count += 1
         if self.count > 1:
             log.warning("received %s again: exiting now", sig.name)
-            os._exit(130)
+            os._exit(INTERRUPTED_EXIT)
         log.info("received %s: stopping (send it again to exit at once)", sig.name)
         self.requested.set()
 

@@ -6,6 +6,7 @@ import pytest
 
 from agrpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from agrpo.launcher import job
+from agrpo.services.common.preflight import INTERRUPTED_EXIT
 
 
 def _trainer(tmp_path, monkeypatch, status: int) -> AsyncGRPOTrainer:
@@ -16,7 +17,7 @@ def _trainer(tmp_path, monkeypatch, status: int) -> AsyncGRPOTrainer:
 
 def test_ctrl_c_is_a_keyboard_interrupt_after_one_line_not_a_failure(tmp_path, monkeypatch, capsys):
     with pytest.raises(KeyboardInterrupt):
-        _trainer(tmp_path, monkeypatch, job.INTERRUPTED).train()
+        _trainer(tmp_path, monkeypatch, INTERRUPTED_EXIT).train()
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and "interrupted" in said[0] and str(tmp_path / "out") in said[0]
     assert "resume_from_checkpoint=True" in said[0]
