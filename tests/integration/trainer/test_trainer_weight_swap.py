@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -57,6 +58,14 @@ def long_greedy_request(server, n: int, timeout: float = 120.0) -> dict:
     return server.post_json("/inference/v1/generate", body, timeout=timeout)["choices"][0]
 
 
+def keep_requesting(server, stop: threading.Event, delay: float, out: list[dict]) -> None:
+    """Long requests one after another until `stop`: with a few of these staggered, some
+    request is always mid-decode, wherever the swap lands."""
+    time.sleep(delay)
+    while not stop.is_set():
+        out.append(long_greedy_request(server, 500))
+
+
 async def test_swap_splits_requests_in_flight_exactly_where_the_weights_changed(shared_vllm, tiny_model_factory):
     from transformers import AutoModelForCausalLM
 
@@ -66,27 +75,35 @@ async def test_swap_splits_requests_in_flight_exactly_where_the_weights_changed(
     syncer = WeightSyncer([shared_vllm.base_url], transport, 30.0, 60.0, load_mode="vllm", swap=True)
     await syncer.open()
     split: list[tuple[dict, str, str]] = []
-    loop, pool = asyncio.get_running_loop(), ThreadPoolExecutor(16)
+    pool, stop = ThreadPoolExecutor(16), threading.Event()
     try:
         assert (await syncer.sync(6, lambda: transport.prepare(named_weights(models[2]), 6))).ok  # init + a swap
         for version in range(7, 13):  # until a swap lands inside some request (timing is not ours)
             seed = 3 if version % 2 else 2
             payload = lambda v=version, m=models[seed]: transport.prepare(named_weights(m), v)  # noqa: E731
             await syncer.prepare_now(version, payload)
-            # 16 at once: each decode step is slower, so each request stays in flight for seconds
-            requests = [loop.run_in_executor(pool, long_greedy_request, shared_vllm, 500) for _ in range(16)]
+            # 16 at once, staggered and renewed until the swap returns: the load may take longer
+            # than one request, yet some request is mid-decode when the weights change
+            stop.clear()
+            choices: list[dict] = []
+            workers = [pool.submit(keep_requesting, shared_vllm, stop, 0.1 * i, choices) for i in range(16)]
             await running(shared_vllm)
             report = await syncer.sync(version, payload)
+            stop.set()
+            await asyncio.gather(*(asyncio.wrap_future(w) for w in workers))
             assert report.ok and {"drain", "load", "update"} <= set(report.phase_s) and "start" not in report.phase_s
-            for choice in await asyncio.gather(*requests):
+            for choice in choices:
                 spans = [(s["version"], s["start"], s["end"]) for s in choice["weight_versions"]]
                 assert [v for v, _, _ in spans] in ([str(version - 1)], [str(version)],
                                                     [str(version - 1), str(version)]), spans
                 if len(spans) == 2:
                     split.append((choice, 5 - seed, seed))
+                else:
+                    check_one_version(choice, models[seed if spans[0][0] == str(version) else 5 - seed])
             if split:
                 break
     finally:
+        stop.set()
         pool.shutdown()
         await syncer.close()
     assert syncer._servers[shared_vllm.base_url].swap and split, "no swap landed inside a request"
@@ -94,6 +111,13 @@ async def test_swap_splits_requests_in_flight_exactly_where_the_weights_changed(
     assert vllm_greedy(shared_vllm, PROMPT) == greedy(models[seed], PROMPT)
     for choice, before_seed, after_seed in split:
         check_boundary(choice, models[before_seed], models[after_seed])
+
+
+def check_one_version(choice: dict, model) -> None:
+    """A request that ran under one version only: every token is that version's argmax."""
+    ids = PROMPT + choice["token_ids"]
+    by_model = teacher_forced_argmax(model, ids)
+    assert choice["token_ids"] == by_model[len(PROMPT) - 1:-1]
 
 
 def check_boundary(choice: dict, old, new) -> None:
