@@ -137,27 +137,19 @@ def load_rows(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    t0 = args.t0 if args.t0 is not None else _T_PROCESS_START
-    # Threads before torch is imported (OpenMP reads the variable once).
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+CONFIG_RECORDED = (
+    "per_device_train_batch_size", "num_generations", "generation_batch_size", "gradient_accumulation_steps",
+    "steps_per_generation", "num_iterations", "max_completion_length", "temperature", "top_p", "top_k",
+    "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2",
+    "adam_epsilon", "max_grad_norm", "beta", "loss_type", "epsilon", "epsilon_high", "scale_rewards",
+    "mask_truncated_completions", "bf16", "fp16", "gradient_checkpointing", "seed", "use_vllm", "vllm_mode",
+    "vllm_gpu_memory_utilization", "vllm_importance_sampling_correction")
+"""The GRPOConfig fields the done line records (the effective settings of the run)."""
 
-    import torch
-    import transformers
-    import trl
-    from datasets import Dataset
-    from transformers import PrinterCallback, ProgressCallback, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    torch.set_num_threads(args.threads)
-    t_imported = time.time()
-
-    reward_func = load_reward(args.reward_file, args.reward_func)
-    dataset = Dataset.from_list(load_rows(args.prompts))
-    out_dir = tempfile.mkdtemp(prefix="trl_runner_")  # TrainingArguments needs one; nothing is saved
+def grpo_config(args: argparse.Namespace, out_dir: str, cuda: bool):
+    """TRL's GRPOConfig with the matched settings (each one explained in the module docstring)."""
+    from trl import GRPOConfig
 
     config = GRPOConfig(
         output_dir=out_dir,
@@ -210,103 +202,154 @@ def main(argv=None) -> int:
         eval_strategy="no",
         disable_tqdm=True,
         dataloader_num_workers=0,
-        dataloader_pin_memory=torch.cuda.is_available(),  # the default (True) only warns on a CPU
+        dataloader_pin_memory=cuda,  # the default (True) only warns on a CPU
     )
     assert config.generation_batch_size == config.per_device_train_batch_size, config.generation_batch_size
+    return config
 
-    out = open(args.out, "w")  # noqa: SIM115 - written line by line from TRL's callbacks until the run ends
-    clock: dict[str, float] = {}
-    steps: list[dict] = []
 
-    class StepClock(TrainerCallback):
-        """Times each optimizer step; writes a line when TRL logs that step's metrics."""
+class StepRecorder:
+    """Times each optimizer step and writes its line when TRL logs that step's metrics.
 
-        def on_train_begin(self, a, state, control, **kw):
-            clock["last_end"] = time.perf_counter()
+    `callback()` is the TrainerCallback TRL calls (built once transformers is imported);
+    `time_generation` wraps the trainer's generate-and-score method to split each step."""
 
-        def on_step_end(self, a, state, control, **kw):
-            now = time.perf_counter()
-            clock["step_s"], clock["last_end"] = now - clock["last_end"], now
-            clock["t_train"] = now - clock["train_called"]
-            clock["t_launch"] = time.time() - t0
+    def __init__(self, out, t0: float, quiet: bool) -> None:
+        self.out, self.t0, self.quiet = out, t0, quiet
+        self.clock: dict[str, float] = {}
+        self.steps: list[dict] = []
 
-        def on_log(self, a, state, control, logs=None, **kw):
-            if not logs or "reward" not in logs:  # the final train_runtime summary
-                return
-            row = {"step": state.global_step, "t_launch": round(clock["t_launch"], 4),
-                   "t_train": round(clock["t_train"], 4), "reward": logs["reward"],
-                   "step_s": round(clock["step_s"], 4), "gen_s": round(clock.pop("gen_s", 0.0), 4),
-                   "reward_std": logs.get("reward_std"), "loss": logs.get("loss"),
-                   "completion_len": logs.get("completions/mean_length"),
-                   "clipped_ratio": logs.get("completions/clipped_ratio")}
-            steps.append(row)
-            out.write(json.dumps(row) + "\n")
-            out.flush()
-            if not args.quiet:
-                print(f"step {row['step']:4d} | reward {row['reward']:.3f} | {row['step_s']:.3f} s "
-                      f"(gen {row['gen_s']:.3f}) | t_train {row['t_train']:7.2f} | t_launch {row['t_launch']:7.2f}", flush=True)
+    def callback(self):
+        from transformers import TrainerCallback
 
-    trainer = GRPOTrainer(model=args.model, reward_funcs=reward_func, args=config, train_dataset=dataset,
-                          callbacks=[StepClock()])
-    for cb in (PrinterCallback, ProgressCallback):
-        trainer.remove_callback(cb)
+        recorder = self
 
-    # Timing only (no change in behaviour): how long each step spends generating and scoring.
-    generate_and_score = trainer._generate_and_score_completions
+        class StepClock(TrainerCallback):
+            def on_train_begin(self, a, state, control, **kw):
+                recorder.clock["last_end"] = time.perf_counter()
 
-    def timed_generate_and_score(*a, **kw):
-        start = time.perf_counter()
-        try:
-            return generate_and_score(*a, **kw)
-        finally:
-            clock["gen_s"] = clock.get("gen_s", 0.0) + time.perf_counter() - start
+            def on_step_end(self, a, state, control, **kw):
+                recorder.step_ended()
 
-    trainer._generate_and_score_completions = timed_generate_and_score
+            def on_log(self, a, state, control, logs=None, **kw):
+                if logs and "reward" in logs:  # not the final train_runtime summary
+                    recorder.write(state.global_step, logs)
 
-    generation = {}
-    if not args.use_vllm:
-        # What model.generate will really use: TRL's GenerationConfig merged with the model's
-        # generation_config and transformers' global defaults (fields left None are filled).
-        merged, _ = trainer.model._prepare_generation_config(trainer.generation_config)
-        generation = {k: getattr(merged, k, None) for k in (
-            "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",
-            "repetition_penalty", "no_repeat_ngram_size", "max_new_tokens", "use_cache", "cache_implementation",
-            "eos_token_id", "pad_token_id")}
-        filtering = (generation["top_k"] not in (None, 0) or generation["top_p"] not in (None, 1.0)
-                     or generation["temperature"] != 1.0 or generation["min_p"] is not None
-                     or generation["typical_p"] not in (None, 1.0) or not generation["do_sample"]
-                     or generation["repetition_penalty"] not in (None, 1.0))
-        if filtering:
-            raise SystemExit(f"trl_runner: generate would filter or not sample: {generation}")
-    t_setup = time.time()
+        return StepClock()
 
-    clock["train_called"] = time.perf_counter()
-    t_train_wall = time.time()
-    trainer.train()
-    t_end = time.time()
+    def train_called(self) -> None:
+        self.clock["train_called"] = time.perf_counter()
+
+    def step_ended(self) -> None:
+        clock, now = self.clock, time.perf_counter()
+        clock["step_s"], clock["last_end"] = now - clock["last_end"], now
+        clock["t_train"] = now - clock["train_called"]
+        clock["t_launch"] = time.time() - self.t0
+
+    def write(self, step: int, logs: dict) -> None:
+        clock = self.clock
+        row = {"step": step, "t_launch": round(clock["t_launch"], 4),
+               "t_train": round(clock["t_train"], 4), "reward": logs["reward"],
+               "step_s": round(clock["step_s"], 4), "gen_s": round(clock.pop("gen_s", 0.0), 4),
+               "reward_std": logs.get("reward_std"), "loss": logs.get("loss"),
+               "completion_len": logs.get("completions/mean_length"),
+               "clipped_ratio": logs.get("completions/clipped_ratio")}
+        self.steps.append(row)
+        self.out.write(json.dumps(row) + "\n")
+        self.out.flush()
+        if not self.quiet:
+            print(f"step {row['step']:4d} | reward {row['reward']:.3f} | {row['step_s']:.3f} s "
+                  f"(gen {row['gen_s']:.3f}) | t_train {row['t_train']:7.2f} | t_launch {row['t_launch']:7.2f}",
+                  flush=True)
+
+    def time_generation(self, trainer) -> None:
+        """Timing only (no change in behaviour): how long each step spends generating and scoring."""
+        generate_and_score = trainer._generate_and_score_completions
+
+        def timed_generate_and_score(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return generate_and_score(*a, **kw)
+            finally:
+                self.clock["gen_s"] = self.clock.get("gen_s", 0.0) + time.perf_counter() - start
+
+        trainer._generate_and_score_completions = timed_generate_and_score
+
+
+def checked_generation(trainer) -> dict:
+    """What model.generate will really use (use_vllm=False): TRL's GenerationConfig merged with
+    the model's generation_config and transformers' global defaults (fields left None are
+    filled). Exits if it would filter tokens or not sample."""
+    merged, _ = trainer.model._prepare_generation_config(trainer.generation_config)
+    generation = {k: getattr(merged, k, None) for k in (
+        "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",
+        "repetition_penalty", "no_repeat_ngram_size", "max_new_tokens", "use_cache", "cache_implementation",
+        "eos_token_id", "pad_token_id")}
+    filtering = (generation["top_k"] not in (None, 0) or generation["top_p"] not in (None, 1.0)
+                 or generation["temperature"] != 1.0 or generation["min_p"] is not None
+                 or generation["typical_p"] not in (None, 1.0) or not generation["do_sample"]
+                 or generation["repetition_penalty"] not in (None, 1.0))
+    if filtering:
+        raise SystemExit(f"trl_runner: generate would filter or not sample: {generation}")
+    return generation
+
+
+def done_record(trainer, config, args, steps: list[dict], times: dict[str, float], generation: dict) -> dict:
+    """The last line: totals, versions and the effective settings."""
+    import torch
+    import transformers
+    import trl
 
     optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # unwrap accelerate's wrapper
     step_times = [s["step_s"] for s in steps]
-    done = {"event": "done", "steps": len(steps),
-            "t_launch": round(t_end - t0, 4), "t_train": round(t_end - t_train_wall, 4),
-            "import_s": round(t_imported - t0, 4), "setup_s": round(t_setup - t_imported, 4),
+    return {"event": "done", "steps": len(steps),
+            "t_launch": round(times["end"] - times["t0"], 4), "t_train": round(times["end"] - times["train"], 4),
+            "import_s": round(times["imported"] - times["t0"], 4),
+            "setup_s": round(times["setup"] - times["imported"], 4),
             "median_step_s": round(statistics.median(step_times), 4) if step_times else None,
             "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
                          "torch": torch.__version__, "python": sys.version.split()[0]},
             "threads": torch.get_num_threads(),
-            "settings": {k: getattr(config, k) for k in (
-                "per_device_train_batch_size", "num_generations", "generation_batch_size",
-                "gradient_accumulation_steps", "steps_per_generation", "num_iterations", "max_completion_length",
-                "temperature", "top_p", "top_k", "learning_rate", "lr_scheduler_type", "warmup_steps",
-                "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "beta",
-                "loss_type", "epsilon", "epsilon_high", "scale_rewards", "mask_truncated_completions", "bf16",
-                "fp16", "gradient_checkpointing", "seed", "use_vllm", "vllm_mode",
-                "vllm_gpu_memory_utilization", "vllm_importance_sampling_correction")}
+            "settings": {k: getattr(config, k) for k in CONFIG_RECORDED}
             | {"optim": str(getattr(config.optim, "value", config.optim)), "dtype": args.dtype,
                "optimizer": type(optimizer).__name__, "fused": bool(optimizer.defaults.get("fused"))},
             "generation": generation}
-    out.write(json.dumps(done, default=str) + "\n")
-    out.close()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    times = {"t0": args.t0 if args.t0 is not None else _T_PROCESS_START}
+    # Threads before torch is imported (OpenMP reads the variable once).
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    import torch
+    from datasets import Dataset
+    from transformers import PrinterCallback, ProgressCallback
+    from trl import GRPOTrainer
+
+    torch.set_num_threads(args.threads)
+    times["imported"] = time.time()
+    reward_func = load_reward(args.reward_file, args.reward_func)
+    dataset = Dataset.from_list(load_rows(args.prompts))
+    out_dir = tempfile.mkdtemp(prefix="trl_runner_")  # TrainingArguments needs one; nothing is saved
+    config = grpo_config(args, out_dir, torch.cuda.is_available())
+    with open(args.out, "w") as out:
+        recorder = StepRecorder(out, times["t0"], args.quiet)
+        trainer = GRPOTrainer(model=args.model, reward_funcs=reward_func, args=config, train_dataset=dataset,
+                              callbacks=[recorder.callback()])
+        for cb in (PrinterCallback, ProgressCallback):
+            trainer.remove_callback(cb)
+        recorder.time_generation(trainer)
+        generation = {} if args.use_vllm else checked_generation(trainer)
+        times["setup"] = time.time()
+        recorder.train_called()
+        times["train"] = time.time()
+        trainer.train()
+        times["end"] = time.time()
+        done = done_record(trainer, config, args, recorder.steps, times, generation)
+        out.write(json.dumps(done, default=str) + "\n")
     if not args.quiet:
         print(json.dumps({k: v for k, v in done.items() if k not in ("settings", "generation")}), flush=True)
     return 0
