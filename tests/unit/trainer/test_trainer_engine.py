@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -76,7 +78,7 @@ def test_moe_router_aux_loss_is_added(make_groups):
     assert losses[0.5] == pytest.approx(losses[0.0] + 0.5 * stats["aux_loss"], rel=1e-4)
 
 
-def test_a_step_times_its_phases_without_reading_the_device_mid_step(engine, make_groups):
+def test_a_step_times_its_forward_backward_and_optimizer_phases(engine, make_groups):
     from agrpo.services.trainer.engine import StepClock
 
     samples = make_groups(n_groups=2, size=4, prompt_len=6, seed=3)
@@ -88,3 +90,37 @@ def test_a_step_times_its_phases_without_reading_the_device_mid_step(engine, mak
     clock.mark()
     spans = clock.spans()
     assert len(spans) == 2 and all(s >= 0 for s in spans)
+
+
+def test_a_step_reads_the_device_once_after_the_optimizer_step(engine, make_groups, monkeypatch):
+    """On a GPU every host read (item, tolist, bool, float, ...) waits for the queued kernels: the
+    tree step (the GPU's path) reads its loss and diagnostics once, after the optimizer step is
+    queued. Counted here on the CPU by wrapping those methods: a read from outside torch (agrpo's
+    or transformers' code) counts; torch's own (the non-fused optimizer's step counters, CPU
+    tensors on any device) not. The unpacked path adds transformers' padding-mask checks (two
+    reads a forward), as any HF model given a 2-D mask does."""
+    events: list[str] = []
+    torch_dir = torch.__file__.rsplit("/", 1)[0]
+
+    def counting(name, original):
+        def read(self, *args, **kwargs):
+            caller = sys._getframe(1)
+            if not caller.f_code.co_filename.startswith(torch_dir):
+                events.append(f"{name} from {caller.f_code.co_filename}:{caller.f_lineno}")
+            return original(self, *args, **kwargs)
+        return read
+
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
+    step = engine.optimizer.step
+    monkeypatch.setattr(engine.optimizer, "step", lambda *a, **k: (events.append("optimizer step"), step(*a, **k))[1])
+    samples = make_groups(n_groups=2, size=4, prompt_len=6, seed=5)
+    batches = list(iter_batches(TokenBudgetBatcher(1, 512, max_samples=4), samples))
+    assert len(batches) == 2  # two micro-batches: a read between them would show too
+    original, engine.cfg.tree = engine.cfg.tree, True
+    try:
+        stats = engine.train_step(batches)
+    finally:
+        engine.cfg.tree = original
+    assert events[0] == "optimizer step" and len(events) == 2, events
+    assert events[1].startswith("tolist from") and stats["entropy"] > 0  # the one read carried them
