@@ -12,9 +12,11 @@ sync ("trainer@sync": vLLM paused, or the trainer's weight-sync request open at 
 one-call swap of trainer.weight_swap pauses vLLM only inside that request) and while a
 checkpoint is being written ("trainer@save").
 Each service is killed at least kills/6 times. After the last kill the run trains
-`--after` more steps, stops cleanly, and `agrpo audit`'s checker reads the raw audit log:
-every prompt key trained by one group, no sample id twice, every epoch before the last
-complete, every group trained whole, no staleness past the bound, and the latest checkpoint's
+`--after` more steps and until an epoch later than the last kill's is whole (so a prompt any
+kill lost shows as a gap in an epoch a whole one follows), stops cleanly, and `agrpo audit`'s
+checker reads the raw audit log: every prompt key trained by one group, no sample id twice, no
+prompt missing from an epoch a whole epoch follows (the run stopped early: it may owe the
+prompts in flight at the stop, which its resume point owes too), every group trained whole, no staleness past the bound, and the latest checkpoint's
 ledger is the log's history up to its step. Recovery: from a kill until the service serves
 again (gRPC health, or vLLM's /health), then until the trainer logs a step after that. Prints
 one row per kill and the verdict; exits 1 when the audit fails or training never recovers.
@@ -273,19 +275,37 @@ def run(a) -> int:
                 failed = True
                 print(f"chaos: not recovered ({errors[0] if errors else 'no new step'})", flush=True)
                 break
-        goal = last_step(metrics) + a.after
-        while not failed and last_step(metrics) < goal:
-            time.sleep(0.5)
+        if not failed and not train_on(metrics, output_dir / "trained_samples.jsonl", a.after, a.num_prompts,
+                                       a.recover_s):
+            failed = True
+            print(f"chaos: no whole epoch after the last kill's within {a.recover_s:.0f} s", flush=True)
     finally:
         system.stop()
         vllm.stop()
-    verdict = verify(output_dir / "trained_samples.jsonl", cfg.max_staleness, a.num_prompts)
+    record = run_record.read(output_dir)
+    verdict = verify(output_dir / "trained_samples.jsonl", cfg.max_staleness, a.num_prompts,
+                     finished=record is not None and record.finished)
     newest = checkpoint.latest(output_dir)
     if newest is not None:
         verdict.problems += agrees_with_checkpoint(output_dir / "trained_samples.jsonl", newest)
     verdict.problems += one_run(output_dir, first_run_id)
     report(rows, verdict, a.out, newest)
     return 0 if verdict.ok and not failed else 1
+
+
+def train_on(metrics: Path, log: Path, steps: int, prompts_per_epoch: int, limit_s: float) -> bool:
+    """Wait for `steps` more steps and a whole epoch later than the one in progress now; False
+    when that takes more than `limit_s`."""
+    from agrpo.services.trainer.audit import trained_per_epoch
+
+    goal, epoch_now = last_step(metrics) + steps, max(trained_per_epoch(log), default=0)
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        whole_later = any(n >= prompts_per_epoch for e, n in trained_per_epoch(log).items() if e > epoch_now)
+        if whole_later and last_step(metrics) >= goal:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def one_run(output_dir: Path, run_id: str | None) -> list[str]:

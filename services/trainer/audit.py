@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class Verdict:
     steps: int = 0
     max_staleness_seen: int = 0
     problems: list[str] = field(default_factory=list)
+    owed: dict[int, int] = field(default_factory=dict)  # epoch -> prompts in flight when a run stopped early
 
     @property
     def ok(self) -> bool:
@@ -60,13 +62,18 @@ class Verdict:
     def line(self) -> str:
         head = (f"{self.samples} samples, {self.prompt_keys} prompt keys, {self.steps} steps, "
                 f"largest staleness {self.max_staleness_seen}")
+        if self.owed:
+            head += "; in flight at the stop, a resume trains them: " + ", ".join(
+                f"{n} prompts of epoch {e}" for e, n in sorted(self.owed.items()))
         return f"exactly once: OK ({head})" if self.ok else f"FAILED ({head}): " + "; ".join(self.problems[:5])
 
 
-def verify(path: Path, max_staleness: int | None = None, prompts_per_epoch: int | None = None) -> Verdict:
+def verify(path: Path, max_staleness: int | None = None, prompts_per_epoch: int | None = None,
+           finished: bool = True) -> Verdict:
     """Check an audit log by itself: every prompt key trained by one group, no sample id
-    twice, steps in order, no staleness past the bound, and (given the dataset size) every
-    epoch before the last complete."""
+    twice, steps in order, no staleness past the bound, and (given the dataset size) no
+    prompt missing from an epoch that should be whole (`epoch_gaps`; `finished`: the run
+    ended by itself, not stopped early)."""
     v = Verdict()
     groups: dict[tuple, set[str]] = {}
     rows: dict[str, list[int]] = {}  # group id -> [rows trained, the group's size]
@@ -97,12 +104,40 @@ def verify(path: Path, max_staleness: int | None = None, prompts_per_epoch: int 
         if size and trained != size:
             v.problems.append(f"group {group_id}: {trained} of its {size} rows trained")
     if prompts_per_epoch:
-        epochs = max((k[1] for k in groups), default=-1)
-        for e in range(epochs):
-            missing = prompts_per_epoch - sum(1 for k in groups if k[1] == e)
-            if missing:
-                v.problems.append(f"epoch {e}: {missing} of {prompts_per_epoch} prompts never trained")
+        lost, v.owed = epoch_gaps(Counter(k[1] for k in groups), prompts_per_epoch, finished)
+        v.problems += [f"epoch {e}: {n} of {prompts_per_epoch} prompts never trained" for e, n in sorted(lost.items())]
     return v
+
+
+def trained_per_epoch(path: Path) -> Counter[int]:
+    """Distinct prompts trained so far, per epoch (the log of a live run; empty before its first step)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return Counter()
+    keys = {tuple(json.loads(line)["prompt_key"]) for line in lines if line.strip()}
+    return Counter(epoch for _, epoch in keys)
+
+
+def epoch_gaps(trained: Counter[int], per_epoch: int, finished: bool) -> tuple[dict[int, int], dict[int, int]]:
+    """Prompts missing per epoch, split into lost and owed (epoch -> count).
+
+    A finished run trained every epoch before its last. A run stopped early may still owe the
+    prompts in flight at the stop (its resume point counts their epochs unfinished, so a resume
+    trains them), and epochs overlap: rollout moves on to the next epoch while a dropped
+    prompt of this one is re-issued. Those can only belong to epochs after the last whole one,
+    because rollout re-issues a dropped prompt before any new one: a prompt missing from an
+    epoch that a whole epoch follows was lost."""
+    last = max(trained, default=-1)
+    whole = [e for e in trained if trained[e] >= per_epoch]
+    must_be_whole = last if finished else max(whole, default=-1)
+    lost: dict[int, int] = {}
+    owed: dict[int, int] = {}
+    for e in range(last):
+        missing = per_epoch - trained.get(e, 0)
+        if missing > 0:
+            (lost if e < must_be_whole else owed)[e] = missing
+    return lost, owed
 
 
 def agrees_with_checkpoint(path: Path, checkpoint_dir: Path) -> list[str]:
@@ -146,15 +181,12 @@ def main(argv: list[str]) -> int:
     if not log.exists():
         print(f"agrpo audit: {log} not found", file=sys.stderr)
         return 2
-    bound = a.max_staleness
-    if bound is None:
-        try:
-            bound = json.loads((a.output_dir / "run.json").read_text()).get("max_staleness")
-        except (OSError, ValueError):
-            bound = None
-    verdict = verify(log, bound, a.prompts)
+    from . import run_record
     from .checkpoint import latest
 
+    record = run_record.read(a.output_dir)  # the run's bound, and whether it finished or was stopped
+    bound = a.max_staleness if a.max_staleness is not None or record is None else record.max_staleness
+    verdict = verify(log, bound, a.prompts, finished=record is None or record.finished)
     newest = latest(a.output_dir)
     if newest is not None:
         verdict.problems += agrees_with_checkpoint(log, newest)

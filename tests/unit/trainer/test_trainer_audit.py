@@ -2,7 +2,7 @@
 
 import json
 
-from agrpo.services.trainer.audit import agrees_with_checkpoint, main, verify
+from agrpo.services.trainer.audit import agrees_with_checkpoint, main, trained_per_epoch, verify
 from agrpo.services.trainer.checkpoint import STATE_FILE
 from agrpo.services.trainer.ledger import Ledger
 from agrpo.services.trainer.state import TrainState
@@ -65,3 +65,36 @@ def test_the_audit_agrees_with_the_latest_checkpoint_ledger(tmp_path):
     assert "1 sample ids of its ledger" in problems and "1 logged ones" in problems
     assert "1 prompt keys of its ledger never appear" in problems
     assert main([str(tmp_path)]) == 1
+
+
+def _epochs(tmp_path, trained):
+    """A log of one-row groups: `trained` maps an epoch to the prompt indices trained in it."""
+    log = tmp_path / "trained_samples.jsonl"
+    keys = [(i, e) for e, idx in trained.items() for i in idx]
+    _write(log, [_rec(n, f"s{n}", key, f"g{n}") for n, key in enumerate(keys, 1)])
+    return log
+
+
+def test_a_run_stopped_early_owes_the_prompts_in_flight_after_its_last_whole_epoch(tmp_path):
+    # Epoch 1 lost prompt 3 while epoch 2 started (a re-issue in flight at the stop): owed, not lost.
+    log = _epochs(tmp_path, {0: [0, 1, 2, 3], 1: [0, 1, 2], 2: [1]})
+    v = verify(log, prompts_per_epoch=4, finished=False)
+    assert v.ok and v.owed == {1: 1}
+    assert "1 prompts of epoch 1" in v.line() and v.line().startswith("exactly once: OK")
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "finished": False}))
+    assert main([str(tmp_path), "--prompts", "4"]) == 0
+    # The same log from a run that ended by itself lost it; so does a stopped run whose later epoch is whole.
+    assert verify(log, prompts_per_epoch=4).problems == ["epoch 1: 1 of 4 prompts never trained"]
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "finished": True}))
+    assert main([str(tmp_path), "--prompts", "4"]) == 1
+    whole_after = _epochs(tmp_path, {0: [0, 1, 3], 1: [0, 1, 2, 3], 2: [0]})
+    v = verify(whole_after, prompts_per_epoch=4, finished=False)
+    assert v.problems == ["epoch 0: 1 of 4 prompts never trained"] and v.owed == {}
+
+
+def test_prompts_trained_per_epoch_are_counted_once_each_from_a_live_log(tmp_path):
+    log = tmp_path / "trained_samples.jsonl"
+    assert trained_per_epoch(log) == {}  # before the first step
+    _write(log, [_rec(1, "a", (0, 0), "g0"), _rec(1, "b", (0, 0), "g0"), _rec(2, "c", (1, 0), "g1"),
+                 _rec(2, "d", (0, 1), "g2")])
+    assert trained_per_epoch(log) == {0: 2, 1: 1}
