@@ -13,9 +13,11 @@ trained within `max_staleness` of the version it is generated under:
 already placed in the next step), which with an overlapped push is before the weights are
 in vLLM; room opens only once they are (`version_live`), so a group dispatched with a
 fresh credit always starts at the newest weights. A sample that leaves without training (dropped, duplicate) frees its
-room at once. `per_version` is samples trained per version: nominal
-(batch x grad-accum x weight_sync_steps) until measured, then the smallest of the last
-few versions (an overestimate would let samples go stale). Pure bookkeeping.
+room at once. `per_version` is samples trained per version: the smallest of the last
+few versions (an overestimate would let samples go stale), and no more than nominal
+(batch x grad-accum x weight_sync_steps) until those few are measured: under a token budget a
+step's size varies by a group a row as completions change length, so the first versions' size
+may be the largest the run will see. Pure bookkeeping.
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ class Pace:
     def per_version(self) -> int:
         if self.sync or not self.recent:
             return self.nominal_per_version
-        return max(1, min(self.recent))
+        smallest = min(self.recent)
+        if len(self.recent) < (self.recent.maxlen or 0):  # too few versions to know the smallest
+            smallest = min(smallest, self.nominal_per_version)
+        return max(1, smallest)
 
     @property
     def window(self) -> int:

@@ -42,6 +42,18 @@ def test_per_version_follows_the_smallest_recent_version():
     assert sync.per_version == 16  # the sync schedule always trains one nominal batch
 
 
+def test_the_first_versions_measured_do_not_widen_the_window_past_nominal():
+    """A token budget's steps vary by a group a row: a first step of 40 then steps of 32 would,
+    trusted at once, have let generation run past what 3 steps train (a CI demo on two ranks
+    dropped 16 of 784 samples as stale that way)."""
+    pace = Pace(max_staleness=2, nominal_per_version=16, capacity=1024, group_size=8)
+    for trained in (40, 32, 40, 32):
+        pace.published(trained=trained, carried=0)
+        assert pace.per_version == 16 and pace.window == 48
+    pace.published(trained=40, carried=0)  # five versions measured: their smallest
+    assert pace.per_version == 32 and pace.window == 96
+
+
 def test_sync_step_is_complete_when_everything_generated_was_taken():
     pace = Pace(max_staleness=3, nominal_per_version=8, capacity=64, group_size=4, sync=True)
     pace.consume(7)
