@@ -16,8 +16,9 @@ Each service is killed at least kills/6 times. After the last kill the run train
 kill lost shows as a gap in an epoch a whole one follows), stops cleanly, and `agrpo audit`'s
 checker reads the raw audit log: every prompt key trained by one group, no sample id twice, no
 prompt missing from an epoch a whole epoch follows (the run stopped early: it may owe the
-prompts in flight at the stop, which its resume point owes too), every group trained whole, no staleness past the bound, and the latest checkpoint's
-ledger is the log's history up to its step. Recovery: from a kill until the service serves
+prompts in flight at the stop, which its resume point owes too), every group trained whole,
+no staleness past the bound, and the latest checkpoint's ledger is the log's history up to its
+step. Recovery: from a kill until the service serves
 again (gRPC health, or vLLM's /health), then until the trainer logs a step after that. Prints
 one row per kill and the verdict; exits 1 when the audit fails or training never recovers.
 
