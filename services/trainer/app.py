@@ -38,12 +38,12 @@ if TYPE_CHECKING:
 log = get_logger("trainer.app")
 
 
-def build_pace(cfg: AgrpoConfig) -> Pace:
-    """The pacing window from the config (services/trainer/pacing.py)."""
+def build_pace(cfg: AgrpoConfig, rows: int = 1) -> Pace:
+    """The pacing window from the config (services/trainer/pacing.py); `rows`: the trainer's ranks."""
     per_version = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.weight_sync_steps
     return Pace(max_staleness=cfg.max_staleness, nominal_per_version=per_version, capacity=cfg.queue_maxsize,
                 group_size=cfg.num_generations, sync=cfg.trainer.resolved_schedule == "sync",
-                fixed_window=cfg.trainer.credit_window)
+                fixed_window=cfg.trainer.credit_window, rows=rows)
 
 
 class TrainerApp:
@@ -64,7 +64,7 @@ class TrainerApp:
         self.buffer = SampleBuffer(cfg.queue_maxsize)
         self.board = PolicyBoard()
         self.metrics = TrainerMetrics()
-        self.intake = Intake(self.buffer, self.state.ledger, build_pace(cfg), hooks=self)
+        self.intake = Intake(self.buffer, self.state.ledger, build_pace(cfg, self.ranks.world.size), hooks=self)
         self.loop: TrainerLoop | None = None  # once boot() has loaded the model
         self.ready = False
 

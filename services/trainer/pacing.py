@@ -15,9 +15,11 @@ in vLLM; room opens only once they are (`version_live`), so a group dispatched w
 fresh credit always starts at the newest weights. A sample that leaves without training (dropped, duplicate) frees its
 room at once. `per_version` is samples trained per version: the smallest of the last
 few versions (an overestimate would let samples go stale), and no more than nominal
-(batch x grad-accum x weight_sync_steps) until those few are measured: under a token budget a
-step's size varies by a group a row as completions change length, so the first versions' size
-may be the largest the run will see. Pure bookkeeping.
+(batch x grad-accum x weight_sync_steps) until those few are measured. Under a token budget a
+step's size moves by whole groups as completions change length, so the sizes measured may be
+the largest the run will see: on several rows (trainer ranks) the rows' packing moved a step by
+a group (32 and 40 samples on two ranks), so there the estimate is one group less for each row
+past the first. Pure bookkeeping.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Pace:
     """Sync schedule: one version's batch at a time (generate, train, sync, repeat)."""
     fixed_window: int | None = None
     """trainer.credit_window: a window set by hand instead of the rule."""
+    rows: int = 1
+    """Rows a micro-batch packs (the trainer's ranks)."""
     consumed: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=5))
     holding: bool = False
@@ -48,10 +52,9 @@ class Pace:
     def per_version(self) -> int:
         if self.sync or not self.recent:
             return self.nominal_per_version
-        smallest = min(self.recent)
         if len(self.recent) < (self.recent.maxlen or 0):  # too few versions to know the smallest
-            smallest = min(smallest, self.nominal_per_version)
-        return max(1, smallest)
+            return max(1, min(*self.recent, self.nominal_per_version))
+        return max(1, min(self.recent) - (self.rows - 1) * self.group_size)
 
     @property
     def window(self) -> int:
