@@ -33,14 +33,16 @@ case $MODE in
 esac
 
 [ -d "$SITE/grpc" ] || install_wheels "$ROOT/.whl" "$SITE" || exit 4
-[ -d "$TRL_SITE/trl" ] || install_wheels "$ROOT/.whl/trl" "$TRL_SITE" || exit 4
 export PYTHONPATH=$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}
 # The carried vLLM has no FlashInfer: both sides sample with vLLM's own sampler.
 export VLLM_USE_FLASHINFER_SAMPLER=0 AGRPO_VLLM_PYTHON=python3
 TRL_PY=/tmp/trl-python
-printf '#!/bin/sh\nPYTHONPATH=%s:%s exec python3 "$@"\n' "$TRL_SITE" "$SITE" > "$TRL_PY"; chmod +x "$TRL_PY"
-"$TRL_PY" -c 'import trl, accelerate, vllm, transformers, torch; print("trl", trl.__version__, "| accelerate", accelerate.__version__, "| vllm", vllm.__version__, "| transformers", transformers.__version__, "| torch", torch.__version__)' \
-  || { say "TRL's imports FAILED"; exit 5; }
+if [[ ,${SYSTEMS:-trl,agrpo}, == *,trl,* ]]; then  # a call racing agrpo's variants alone needs no TRL
+  [ -d "$TRL_SITE/trl" ] || install_wheels "$ROOT/.whl/trl" "$TRL_SITE" || exit 4
+  printf '#!/bin/sh\nPYTHONPATH=%s:%s exec python3 "$@"\n' "$TRL_SITE" "$SITE" > "$TRL_PY"; chmod +x "$TRL_PY"
+  "$TRL_PY" -c 'import trl, accelerate, vllm, transformers, torch; print("trl", trl.__version__, "| accelerate", accelerate.__version__, "| vllm", vllm.__version__, "| transformers", transformers.__version__, "| torch", torch.__version__)' \
+    || { say "TRL's imports FAILED"; exit 5; }
+fi
 python3 -c 'import agrpo.demo.runner, grpc, datasets; print("agrpo", __import__("agrpo").__version__)' || { say "agrpo's imports FAILED"; exit 5; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
