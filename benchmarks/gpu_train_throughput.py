@@ -7,7 +7,8 @@
 A GRPO-shaped step: `--groups` groups of `--group-size` samples sharing a random prompt,
 one group per packed row (one micro-batch), through the trainer's own Engine
 (services/trainer/engine.py: chunked-vocab logprobs, clipped GRPO loss, fused AdamW),
-bf16 weights + bf16 autocast, gradient checkpointing on. `--model` is a saved model or
+bf16 weights (`--dtype float32`: fp32 master weights, as a `dtype: float32` trainer holds them)
++ bf16 autocast, gradient checkpointing on. `--model` is a saved model or
 `preset:<name>` (scripts/gpu/make_tiny.py's shapes, random weights built on the GPU).
 
 Layouts of the same samples (suffixes combine: `tree+noch+v65536`):
@@ -138,12 +139,12 @@ def parse_layout(spec: str) -> tuple[str, tuple[str, bool, bool], dict]:
     return base.removesuffix("_sdpa"), key, opts
 
 
-def load_model(model: str, device: str = "cuda"):
+def load_model(model: str, device: str = "cuda", dtype: str = "bfloat16"):
     import torch
     from transformers import AutoModelForCausalLM
 
     if not model.startswith("preset:"):
-        return AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16,
+        return AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype),
                                                     attn_implementation="sdpa").to(device)
     import importlib.util
 
@@ -156,17 +157,17 @@ def load_model(model: str, device: str = "cuda"):
                       **tiny.PRESETS[model.removeprefix("preset:")])
     torch.manual_seed(0)
     with torch.device(device):
-        return Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+        return Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
 
 
 def build(model_path: str, gc: bool, device: str = "cuda", attention: str = "auto", compile_layers: bool = True,
-          compile_head: bool = True):
+          compile_head: bool = True, dtype: str = "bfloat16"):
     import torch
 
     from agrpo.services.trainer.engine import Engine, EngineConfig
     from agrpo.services.trainer.loss import LossConfig
 
-    model = load_model(model_path, device)
+    model = load_model(model_path, device, dtype)
     model.config.use_cache = False
     if gc:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -334,7 +335,8 @@ def run(a, emit) -> None:
 
     def engine(key: tuple[str, bool, bool]):
         if key not in engines:
-            engines[key] = build(a.model, not a.no_gc, attention=key[0], compile_layers=key[1], compile_head=key[2])
+            engines[key] = build(a.model, not a.no_gc, attention=key[0], compile_layers=key[1], compile_head=key[2],
+                                 dtype=a.dtype)
         return engines[key]
 
     first = engine(parse_layout(specs[0])[1])
@@ -403,7 +405,7 @@ def _timed(a, spec: str, engine, rows, r: dict, n_params: int) -> dict:
         torch.cuda.empty_cache()
     row = dict(label=a.label, layout=spec, params_M=round(n_params / 1e6), tokens=tokens,
                computed_tokens=computed, groups=a.groups, group_size=a.group_size, prompt=a.prompt,
-               completion=a.completion, grad_ckpt=not a.no_gc, gpu=torch.cuda.get_device_name(),
+               completion=a.completion, grad_ckpt=not a.no_gc, dtype=a.dtype, gpu=torch.cuda.get_device_name(),
                torch=torch.__version__, **r)
     print("[train]", json.dumps(row), flush=True)
     return row
@@ -421,6 +423,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--no-gc", action="store_true", help="gradient checkpointing off")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="the weights' dtype (float32: fp32 master weights under bf16 autocast)")
     ap.add_argument("--profile", help="layouts (comma-separated) to profile for one step after timing")
     ap.add_argument("--profile-out")
     ap.add_argument("--barrier", help="folder shared by processes that compile together, then time in turn")
