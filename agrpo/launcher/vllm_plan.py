@@ -94,8 +94,10 @@ def settings_for(cfg, port: int, gpu: bool | None = None) -> VllmSettings:
 
 
 def lora_flags(cfg) -> tuple[str, ...]:
-    """vLLM's LoRA flags for a config with peft: set (adapter-only sync), else none."""
-    return lora_args(cfg.peft.r, cfg.adapter_slots) if cfg.peft is not None else ()
+    """vLLM's LoRA flags for a config with peft: set (adapter-only sync), else none (and none
+    for trainer.lora_sync merged: that vLLM never loads an adapter)."""
+    adapters = cfg.peft is not None and cfg.trainer.lora_sync != "merged"
+    return lora_args(cfg.peft.r, cfg.adapter_slots) if adapters else ()
 
 
 SHORT_JOB_TOKEN_STEPS = 4000

@@ -52,7 +52,7 @@ def adapter_sync(cfg: AgrpoConfig, model: torch.nn.Module, transport: WeightTran
         return None
     plan = AdapterPlan(lora.adapter_config_json(model, cfg.model), cfg.peft.r, cfg.adapter_slots,
                        lora.adapter_sync_blocker(model, cfg.peft))
-    return AdapterSync(plan, transport, cfg.trainer.http_chunk_mb)
+    return AdapterSync(plan, transport, cfg.trainer.http_chunk_mb, cfg.trainer.lora_sync)
 
 
 def build_loop(app) -> TrainerLoop:

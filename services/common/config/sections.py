@@ -183,6 +183,13 @@ class TrainerSection(ServiceSection):
     ipc when vLLM shares the trainer's GPU). ipc: CUDA IPC on one GPU, loaded by our worker
     extension (always a direct load). local: no vLLM; the trainer serves generation itself at
     vllm_server_base_url from a copy of its model (launcher.generation trainer)."""
+    lora_sync: Literal["auto", "adapter", "merged"] = "auto"
+    """How a LoRA trainer (peft set) syncs. auto, as TRL: the adapter alone where every server
+    runs with --enable-lora and can express it, else the adapted layers merged (one warning).
+    adapter: the adapter alone or a one-line error at the first sync. merged: always the merged
+    layers, and agrpo run starts vLLM without LoRA, so it generates without LoRA kernels (on one
+    GPU, where a sync over CUDA IPC copies nothing, loading an adapter costs more than a full
+    sync: docs/lora.md)."""
     weight_load: Literal["auto", "vllm", "direct"] = "auto"
     """How vLLM loads an update. vllm: its RL flow (start/finish, layerwise reload; any model).
     direct: our worker extension loads the tensors as-is (CUDA, unquantized; start vLLM with

@@ -1,9 +1,11 @@
 """Adapter-only weight sync: a LoRA trainer sends its adapter, and vLLM serves each version under a name.
 
-Chosen at the first sync when the trainer trains an adapter vLLM can express and every server
-runs with `--enable-lora` and runtime LoRA updating (VLLM_ALLOW_RUNTIME_LORA_UPDATING=1); else
-the adapted layers are synced merged, with one warning line. Limits a server cannot meet (a rank
-above its --max-lora-rank, fewer than max_staleness + 2 adapter slots) are a one-line error.
+Chosen at the first sync (trainer.lora_sync auto) when the trainer trains an adapter vLLM can
+express and every server runs with `--enable-lora` and runtime LoRA updating
+(VLLM_ALLOW_RUNTIME_LORA_UPDATING=1); else the adapted layers are synced merged, with one warning
+line. lora_sync adapter makes that fallback a one-line error; merged skips adapters altogether.
+Limits a server cannot meet (a rank above its --max-lora-rank, fewer than max_staleness + 2
+adapter slots) are a one-line error.
 
 Version N is adapter `agrpo-vN` (versions.adapter_name). The adapter's tensors travel through the
 configured transport's payload (inline in the stage request with NCCL) into the server's own
@@ -52,8 +54,9 @@ class AdapterPlan:
 class AdapterSync:
     """Decides adapter-only sync once for all servers, then gives each sync's phases."""
 
-    def __init__(self, plan: AdapterPlan, transport: WeightTransport, chunk_mb: int = 64) -> None:
+    def __init__(self, plan: AdapterPlan, transport: WeightTransport, chunk_mb: int = 64, mode: str = "auto") -> None:
         self.plan = plan
+        self.mode = mode  # trainer.lora_sync: auto, adapter or merged
         self.active: bool | None = None  # None until choose() ran
         self.carrier = transport if transport.carries_adapters else HttpTransport(chunk_mb)
         """What builds an adapter's payload: the sync's transport where the worker extension stages
@@ -61,24 +64,34 @@ class AdapterSync:
         request: 1% of the model's bytes, and no merged copy of every adapted layer on the trainer."""
 
     async def choose(self, admins: list[VLLMAdmin]) -> bool:
-        """Adapter-only sync if every server can take adapters, else merged layers (one warning)."""
+        """Adapter-only sync if every server can take adapters, else merged layers (one warning;
+        an error for lora_sync adapter); merged layers always for lora_sync merged."""
+        if self.mode == "merged":
+            log.info("LoRA: syncing the adapted layers merged (trainer.lora_sync merged)")
+            return self._merged()
         if self.plan.blocker is not None:
-            log.warning("LoRA: syncing the adapted layers merged (%s: vLLM cannot take it as an adapter)",
-                        self.plan.blocker)
-            self.active = False
-            return False
+            return self._fallback(f"{self.plan.blocker}: vLLM cannot take it as an adapter")
         infos = [(admin.url, _first(await admin.rpc("init", INFO))) for admin in admins]
         missing = [url for url, info in infos if not (info.get("enabled") and info.get("runtime_updating"))]
         if missing:
-            log.warning("LoRA: syncing the adapted layers merged: vLLM at %s runs without --enable-lora and "
-                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (agrpo run sets both when peft is set)", missing[0])
-            self.active = False
-            return False
+            return self._fallback(f"vLLM at {missing[0]} runs without --enable-lora and "
+                                  "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1; agrpo run sets both when peft is set")
         for url, info in infos:
             self._check_limits(url, info)
         log.info("LoRA: adapter-only sync into %d server(s), %d adapters kept", len(admins), self.plan.slots)
         self.active = True
         return True
+
+    def _fallback(self, why: str) -> bool:
+        if self.mode == "adapter":
+            raise StartupError(f"trainer.lora_sync=adapter, but {why}; set trainer.lora_sync auto to sync the "
+                               "adapted layers merged instead")
+        log.warning("LoRA: syncing the adapted layers merged (%s)", why)
+        return self._merged()
+
+    def _merged(self) -> bool:
+        self.active = False
+        return False
 
     def _check_limits(self, url: str, info: dict) -> None:
         if info["max_lora_rank"] < self.plan.rank:

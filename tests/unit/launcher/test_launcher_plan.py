@@ -138,6 +138,19 @@ def test_who_generates(monkeypatch, gpus, max_steps, keys, expected):
     assert vllm_plan.trainer_generates(AgrpoConfig(max_steps=max_steps, **keys)) is expected
 
 
+@pytest.mark.parametrize(("keys", "flags"), [
+    ({}, ()),                                                              # no peft: no LoRA in vLLM
+    ({"peft": {"r": 12}}, ("--enable-lora", "--max-lora-rank", "16", "--max-loras", "4")),  # rank 12 fits 16
+    ({"peft": {"r": 12}, "trainer": {"lora_sync": "adapter"}}, ("--enable-lora", "--max-lora-rank", "16",
+                                                                "--max-loras", "4")),
+    ({"peft": {"r": 12}, "trainer": {"lora_sync": "merged"}}, ()),         # merged: vLLM never loads an adapter
+])
+def test_the_vllm_a_lora_job_starts_takes_adapters_unless_it_syncs_merged(keys, flags):
+    from agrpo.launcher.vllm_plan import lora_flags
+
+    assert lora_flags(AgrpoConfig(max_staleness=2, **keys)) == flags
+
+
 def test_a_vllm_that_answers_is_used(monkeypatch):
     from agrpo.launcher import vllm_plan
 

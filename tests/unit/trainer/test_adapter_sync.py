@@ -77,9 +77,9 @@ class LoraServer:
         await self.runner.cleanup()
 
 
-def _syncer(url: str, rank: int = 16, slots: int = 3, blocker: str | None = None) -> WeightSyncer:
+def _syncer(url: str, rank: int = 16, slots: int = 3, blocker: str | None = None, mode: str = "auto") -> WeightSyncer:
     plan = AdapterPlan(json.dumps({"r": rank, "lora_alpha": 32}), rank, slots, blocker)
-    return WeightSyncer([url], Transport(), 5.0, 30.0, adapters=AdapterSync(plan, Transport()))
+    return WeightSyncer([url], Transport(), 5.0, 30.0, adapters=AdapterSync(plan, Transport(), mode=mode))
 
 
 def _prepare(version: int):
@@ -119,6 +119,30 @@ async def test_an_adapter_vllm_cannot_express_is_synced_merged_without_asking():
         await syncer.open()
         await syncer.sync(1, _prepare(1))
         assert syncer.payload == "full" and "agrpo_lora_info" not in server.calls
+        await syncer.close()
+
+
+async def test_lora_sync_merged_sends_the_merged_layers_to_a_server_that_takes_adapters(caplog):
+    async with LoraServer(LORA) as server:
+        syncer = _syncer(server.url, mode="merged")
+        await syncer.open()
+        with caplog.at_level(logging.INFO):
+            assert (await syncer.sync(1, _prepare(1))).ok
+        assert syncer.payload == "full" and "update_weights" in server.calls and not server.loaded
+        assert "agrpo_lora_info" not in server.calls and "trainer.lora_sync merged" in caplog.text
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # asked for: no warning
+        await syncer.close()
+
+
+@pytest.mark.parametrize("info, blocker, why", [({"enabled": False}, None, "--enable-lora"),
+                                                (LORA, "peft.bias=all", "peft.bias=all")])
+async def test_lora_sync_adapter_makes_the_fallback_a_one_line_error(info, blocker, why):
+    async with LoraServer(info) as server:
+        syncer = _syncer(server.url, blocker=blocker, mode="adapter")
+        await syncer.open()
+        with pytest.raises(StartupError, match=f"trainer.lora_sync=adapter, but .*{why}") as err:
+            await syncer.sync(1, _prepare(1))
+        assert "\n" not in str(err.value) and "update_weights" not in server.calls
         await syncer.close()
 
 
