@@ -39,8 +39,9 @@ log = get_logger("trainer.app")
 
 
 def build_pace(cfg: AgrpoConfig, rows: int = 1) -> Pace:
-    """The pacing window from the config (services/trainer/pacing.py); `rows`: the trainer's ranks."""
-    per_version = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.weight_sync_steps
+    """The pacing window from the config (services/trainer/pacing.py); `rows`: the trainer's ranks,
+    each training per_device_train_batch_size samples a micro-batch (TRL's bs x P)."""
+    per_version = cfg.per_device_train_batch_size * rows * cfg.gradient_accumulation_steps * cfg.weight_sync_steps
     return Pace(max_staleness=cfg.max_staleness, nominal_per_version=per_version, capacity=cfg.queue_maxsize,
                 group_size=cfg.num_generations, sync=cfg.trainer.resolved_schedule == "sync",
                 fixed_window=cfg.trainer.credit_window, rows=rows)

@@ -15,7 +15,7 @@ in vLLM; room opens only once they are (`version_live`), so a group dispatched w
 fresh credit always starts at the newest weights. A sample that leaves without training (dropped, duplicate) frees its
 room at once. `per_version` is samples trained per version: the smallest of the last
 few versions (an overestimate would let samples go stale), and no more than nominal
-(batch x grad-accum x weight_sync_steps) until those few are measured. Under a token budget a
+(batch x ranks x grad-accum x weight_sync_steps) until those few are measured. Under a token budget a
 step's size moves by whole groups as completions change length, so the sizes measured may be
 the largest the run will see: on several rows (trainer ranks) the rows' packing moved a step by
 a group (32 and 40 samples on two ranks), so there the estimate is one group less for each row

@@ -1,5 +1,7 @@
 """The pacing rule (services/trainer/pacing.py) and the intake granting by it."""
 
+import pytest
+
 from agrpo.services.trainer.buffer import SampleBuffer
 from agrpo.services.trainer.intake import Intake
 from agrpo.services.trainer.ledger import Ledger
@@ -106,3 +108,16 @@ def test_consumption_during_an_overlapped_push_counts_against_the_new_version():
     pace.consume(4)  # the next step took its samples during the push
     pace.version_live()
     assert pace.room(buffered=0, outstanding=0) == pace.window - 4 == 8
+
+
+@pytest.mark.parametrize("schedule, ranks, window", [("async", 1, 3 * 16), ("async", 2, 3 * 32), ("sync", 2, 32)])
+def test_the_nominal_batch_counts_every_ranks_rows(schedule, ranks, window):
+    """TRL's step is per_device_train_batch_size x num_processes samples a micro-batch: on two ranks
+    the window a version opens before any is measured is twice one rank's."""
+    from agrpo.services.common.config import AgrpoConfig
+    from agrpo.services.trainer.app import build_pace
+
+    cfg = AgrpoConfig(per_device_train_batch_size=16, max_staleness=2, num_generations=8,
+                      trainer={"schedule": schedule, "num_processes": ranks})
+    pace = build_pace(cfg, rows=ranks)
+    assert pace.nominal_per_version == 16 * ranks and pace.window == window
