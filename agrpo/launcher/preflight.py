@@ -20,7 +20,7 @@ def check_job(cfg, config_dir: Path | None = None) -> None:
     for name in ("trainer", "rollout", "reward"):
         check_service_ports(cfg, name)
     check_model(cfg)
-    check_dataset(cfg)
+    check_dataset(cfg, config_dir)
     from agrpo.services.reward.registry import check_names
 
     check_names(cfg)

@@ -53,8 +53,10 @@ def check_model(cfg) -> None:
                            "config.json and the weights, or a hub id in the form org/name)")
 
 
-def check_dataset(cfg) -> None:
-    """The dataset's local folder or data files exist."""
+def check_dataset(cfg, config_dir: Path | None = None) -> None:
+    """The dataset's local folder or data files exist. Relative paths are from the current
+    folder, as `datasets.load_dataset` reads them; `config_dir` (agrpo run's config file's folder)
+    only names where a missing file was found instead."""
     ds = cfg.dataset
     if ds.path is None:
         return
@@ -69,7 +71,10 @@ def check_dataset(cfg) -> None:
         if "://" in name:
             continue
         if not glob.glob(str(Path(name).expanduser())):
-            raise StartupError(f"dataset.data_files: {name!r} does not exist")
+            beside = config_dir / name if config_dir is not None and not Path(name).is_absolute() else None
+            hint = (f" in {Path.cwd()} (paths are from the current folder; it is beside the config file: "
+                    f"{beside})") if beside is not None and glob.glob(str(beside)) else ""
+            raise StartupError(f"dataset.data_files: {name!r} does not exist{hint}")
 
 
 def check_vllm_urls(cfg) -> None:

@@ -205,3 +205,22 @@ def test_a_service_that_finished_during_start_up_is_done_not_failed(tmp_path, co
     else:
         with pytest.raises(StartupError if code == 2 else RuntimeError, match="cannot load" if code == 2 else "code 1"):
             job._await_serving("trainer")
+
+
+def test_a_data_file_beside_the_config_but_not_here_is_named_in_the_one_line(tmp_path, monkeypatch):
+    """Relative data_files are read from the current folder (as load_dataset does); started from
+    another folder, the line says where the file is."""
+    from agrpo.launcher.preflight import check_dataset
+
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "data.jsonl").write_text('{"prompt": "1 + 1 ="}\n')
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    cfg = AgrpoConfig(dataset={"path": "json", "data_files": "data.jsonl"})
+    with pytest.raises(StartupError, match=r"'data.jsonl' does not exist in .*elsewhere .*beside the config file: "
+                                           r".*proj/data.jsonl\)$"):
+        check_dataset(cfg, tmp_path / "proj")
+    with pytest.raises(StartupError, match=r"'data.jsonl' does not exist$"):  # nowhere: no hint
+        check_dataset(cfg, tmp_path / "elsewhere")
+    monkeypatch.chdir(tmp_path / "proj")
+    check_dataset(cfg, tmp_path / "proj")  # from the config's folder it is found
