@@ -230,11 +230,24 @@ class Job:
                 self.stop()
             except KeyboardInterrupt:
                 self.stop(kill=True)
+            self.say(self._resume_line())
             return INTERRUPTED_EXIT
         finally:
             if follower is not None:
                 follower.close()
             self.stop(kill=interrupted.count > 1)
+
+    def _resume_line(self) -> str:
+        """After a stop: the checkpoint kept, and the command that continues from it (a plain
+        restart starts a new run and moves this one aside)."""
+        from agrpo.services.trainer.checkpoint import latest
+
+        kept = latest(self.out)
+        if kept is None:
+            return f"[run] stopped before the first checkpoint; output in {self.out}"
+        again = " ".join(["agrpo run", str(self.opts.config_path), *self.opts.extra_flags,
+                          "--resume_from_checkpoint", "true"])
+        return f"[run] stopped; kept {kept}. To continue it: {again}"
 
     def _metrics_file(self) -> Path:
         return Path(self.cfg.trainer.metrics_jsonl or self.out / "metrics.jsonl")

@@ -114,6 +114,9 @@ def test_ctrl_c_stops_after_the_step_in_progress(shared, tiny_model_dir, tmp_pat
     assert max(audit) == max(steps)
     # save_strategy asks for checkpoints: the stop wrote one at the last step trained.
     assert (tmp_path / "out" / f"checkpoint-{max(steps)}").is_dir()
+    # The last line says what was kept and how to continue (a plain restart starts a new run).
+    assert out.rstrip().splitlines()[-1] == (f"[run] stopped; kept {tmp_path / 'out' / f'checkpoint-{max(steps)}'}. "
+                                             f"To continue it: agrpo run {job} --resume_from_checkpoint true"), out[-600:]
 
 
 def test_two_trainer_ranks_stop_together_on_ctrl_c(shared, tiny_model_dir, tmp_path):
