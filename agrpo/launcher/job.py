@@ -230,6 +230,8 @@ class Job:
                 self.stop()
             except KeyboardInterrupt:
                 self.stop(kill=True)
+            if follower is not None:
+                follower.close()  # the bar ends its line before the closing one
             self.say(self._resume_line())
             return INTERRUPTED_EXIT
         finally:
