@@ -31,6 +31,7 @@ from .gathering import StepGatherer, StepInput
 from .intake import Intake
 from .metrics import StepLogger, TrainerMetrics
 from .policy import PolicyBoard
+from .profiling import StepProfiler
 from .publisher import WeightPublisher
 from .ranks import RankGroup
 from .reward_health import RewardHealth
@@ -62,6 +63,7 @@ class TrainerLoop:
         self.reporter = StepReporter(cfg, state, metrics, step_log, tokenizer, flops, self.idle, self.gatherer,
                                      self.publisher)
         self.reward_health = RewardHealth(cfg.trainer.reward_failure_patience)
+        self.profiler = StepProfiler(cfg.trainer.profile_steps, cfg.resolved_output_dir, engine.device.type == "cuda")
         self.trained_at_version = 0  # samples trained since the last published version
         self._saved_step = state.step
         self._saved_epochs = state.ledger.completed_epochs
@@ -103,6 +105,7 @@ class TrainerLoop:
         self.idle.start(busy=True)
         try:
             while not self.done() and not self._stop.is_set():
+                self.profiler.before_step(self.state.step + 1)
                 step_in = await self.gatherer.pull(self._stop)
                 if step_in is None:
                     break
@@ -110,6 +113,7 @@ class TrainerLoop:
                 if self.state.step % self.cfg.weight_sync_steps == 0 and not self._stop.is_set():
                     await self.publish_weights()  # no weights leave after a stop began
                 self.reporter.log(step_in, stats)
+                self.profiler.after_step(self.state.step)
                 await self.maybe_checkpoint()
             await self.publisher.settle()
             if self.done():
@@ -118,6 +122,7 @@ class TrainerLoop:
                 log.info("stopped at step %d: saving a checkpoint", self.state.step)
                 await self.save()
         finally:
+            self.profiler.close()
             await self.publisher.drain()
             self.finished.set()
 

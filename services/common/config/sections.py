@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agrpo.services.common import weight_transports
 from agrpo.services.common.timeouts import RESTART_WINDOW_S
@@ -294,12 +294,24 @@ class TrainerSection(ServiceSection):
     sample; same loss). auto: tree on GPU (flex_attention with the tree's block mask; with eager
     layers a row up to 4096 tokens takes the dense mask, which needs no compile), unpacked on
     CPU, where the dense tree mask costs more than the shared prompt saves."""
+    profile_steps: tuple[int, int] | None = None
+    """Profile training steps [first, last] (1-based, as logged) with torch.profiler: the host's
+    and the device's time by op, and a timeline, under <output_dir>/profile/
+    (services/trainer/profiling.py). None: no profiling."""
+
     compile: bool | None = None
     """On one GPU, torch.compile the decoder layers and the logprob head: faster steps for tens
     of seconds of compiles in the first steps (docs/gpu.md). False: eager modules (the tree's
     flex attention stays compiled for rows over 4096 tokens). None (auto): compile for a run of
     at least COMPILE_MIN_STEPS steps (or one sized in epochs), where the faster steps repay the
     compiles; a shorter run is over sooner eager (docs/vs-trl.md)."""
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _a_window(cls, window: tuple[int, int] | None) -> tuple[int, int] | None:
+        if window is not None and not 1 <= window[0] <= window[1]:
+            raise ValueError(f"profile_steps must be [first, last] with 1 <= first <= last, not {list(window)}")
+        return window
 
     @model_validator(mode="after")
     def _ipc_loads_directly(self) -> TrainerSection:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -212,12 +213,15 @@ class Generator:
         key = (row_bucket(rows), length)
         decoder = self._decoders.pop(key, None)
         if decoder is None:
+            started = time.perf_counter()
             decoder = Decoder(self.model, key[0], length, (heads, head_dim), cache.layers[0].keys.dtype, self.device)
             with self._lock:  # no weight load between the eager step and the replay it checks
                 if self.graphs:
                     self.graphs = decoder.capture()
                 else:
                     decoder.warm_up()  # a step that cannot run fails here, not mid-batch
+            log.info("decode steps for %d rows x %d positions ready in %.2f s (%s)", key[0], length,
+                     time.perf_counter() - started, "a CUDA graph" if decoder.graph is not None else "eager")
         self._decoders[key] = decoder  # the newest last; the oldest goes beyond KEPT_DECODERS
         while len(self._decoders) > KEPT_DECODERS:
             self._decoders.pop(next(iter(self._decoders)))

@@ -1,0 +1,57 @@
+"""trainer.profile_steps: the window's files, and the arithmetic of the GPU's busy time."""
+
+import gzip
+import json
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from agrpo.services.common.config import AgrpoConfig
+from agrpo.services.trainer.profiling import StepProfiler, union_length
+
+
+def test_overlapping_spans_count_once():
+    assert union_length([(0, 2), (1, 3), (2.5, 2.8), (5, 6)]) == 4
+    assert union_length([]) == 0
+
+
+def _train_like_work() -> None:
+    a = torch.randn(32, 32, requires_grad=True)
+    (a @ a).sum().backward()
+
+
+def test_the_window_writes_its_tables_and_timeline_after_its_last_step(tmp_path):
+    profiler = StepProfiler((2, 3), tmp_path, cuda=False)
+    for step in (1, 2, 3, 4):
+        profiler.before_step(step)
+        _train_like_work()
+        profiler.after_step(step)
+        written = sorted(p.name for p in (tmp_path / "profile").glob("*")) if (tmp_path / "profile").exists() else []
+        assert written == ([] if step < 3 else ["steps_2-3.txt", "trace_2-3.json.gz"])
+    table = (tmp_path / "profile" / "steps_2-3.txt").read_text()
+    assert table.startswith("steps 2-3: ") and "aten::mm" in table
+    trace = json.loads(gzip.decompress((tmp_path / "profile" / "trace_2-3.json.gz").read_bytes()))
+    assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
+
+
+def test_a_run_that_stops_inside_the_window_writes_what_it_profiled(tmp_path):
+    profiler = StepProfiler((1, 50), tmp_path, cuda=False)
+    profiler.before_step(1)
+    _train_like_work()
+    profiler.close()
+    assert (tmp_path / "profile" / "steps_1-50.txt").exists()
+
+
+def test_no_window_profiles_nothing(tmp_path):
+    profiler = StepProfiler(None, tmp_path, cuda=False)
+    profiler.before_step(1)
+    profiler.after_step(1)
+    profiler.close()
+    assert not (tmp_path / "profile").exists()
+
+
+def test_the_window_is_validated():
+    assert AgrpoConfig(trainer={"profile_steps": [3, 5]}).trainer.profile_steps == (3, 5)
+    with pytest.raises(ValidationError, match="1 <= first <= last"):
+        AgrpoConfig(trainer={"profile_steps": [5, 3]})
