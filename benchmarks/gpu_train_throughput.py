@@ -269,6 +269,8 @@ def profile_step(engine, mb, tree: bool, opts: dict, path: Path, title: str) -> 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from agrpo.services.trainer.profiling import idle_gaps
+
     step_times(engine, mb, tree, opts, 1)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         wall = sum(step_times(engine, mb, tree, opts, 1)[0])
@@ -281,49 +283,10 @@ def profile_step(engine, mb, tree: bool, opts: dict, path: Path, title: str) -> 
         f.write(avg.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
         f.write(f"\n### {title}: the longest GPU idle gaps (ms, at ms into the step: what the CPU ran)\n")
         f.writelines(f"{ms:8.2f} at {at:7.1f}: {ops}\n" for ms, at, ops in gaps)
-    _save_trace(prof, path.with_suffix(".trace.json.gz"))
+    prof.export_chrome_trace(str(path.with_suffix(".trace.json.gz")))  # gzipped by its name
     print(f"[profile] {title}: step {wall:.3f} s, GPU busy {busy:.3f} s; idle gaps (ms):",
           " ".join(f"{ms:.1f}" for ms, _, _ in gaps[:8]), flush=True)
     torch.cuda.synchronize()
-
-
-def _save_trace(prof, path: Path) -> None:
-    """The profiled step as a gzipped Chrome trace (chrome://tracing, Perfetto) beside the tables."""
-    import gzip
-    import shutil
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(suffix=".json") as raw:
-        prof.export_chrome_trace(raw.name)
-        with open(raw.name, "rb") as src, gzip.open(path, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-
-
-def idle_gaps(events, top: int = 12) -> tuple[float, list[tuple[float, float, str]]]:
-    """The GPU's busy seconds (the union of its kernels) and its longest idle gaps between the first
-    and the last kernel, each with the CPU ops that started inside it (most frequent first)."""
-    from collections import Counter
-    from itertools import pairwise
-
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type.name == "CUDA")
-    if not kernels:
-        return 0.0, []
-    cpu = sorted((e.time_range.start, e.name) for e in events if e.device_type.name == "CPU")
-    merged = [list(kernels[0])]
-    for start, end in kernels[1:]:
-        if start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    busy = sum(end - start for start, end in merged) / 1e6
-    origin = min(kernels[0][0], cpu[0][0] if cpu else kernels[0][0])
-    gaps = sorted(((b[0] - a[1], a[1], b[0]) for a, b in pairwise(merged)), reverse=True)[:top]
-    out = []
-    for length, start, end in gaps:
-        names = Counter(name for t, name in cpu if start <= t < end)
-        out.append((length / 1e3, (start - origin) / 1e3,
-                    ", ".join(f"{n[:50]} x{c}" for n, c in names.most_common(4)) or "-"))
-    return busy, out
 
 
 def run(a, emit) -> None:

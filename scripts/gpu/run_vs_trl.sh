@@ -11,7 +11,7 @@
 # folder (/tmp/site-trl): agrpo's processes never see it.
 # Knobs: TASK=gpu-0.5b SEEDS=0,1,2 SYSTEMS=trl,agrpo STEPS= (the task's) DEADLINE=450 (no run starts
 #   after it) RUN_TIMEOUT=300 (one run) VS_ARGS="..." (more vs_trl.py arguments).
-# Into $OUT: run.log; vs_trl/TASK/: results.json, reward_vs_time.png; vs_trl_logs.tgz: each run's
+# Into $OUT: run.log; vs_trl/TASK/: results.json, reward_vs_time.png; vs_trl_logs_TASK.tgz: each run's
 # logs and metrics (a call brings back 8 files at most; a call cut short brings back what fits).
 set -uo pipefail
 MODE=${1:-race}
@@ -28,7 +28,8 @@ cd "$ROOT" || exit 2
 case $MODE in
   extract) extract_vllm "$ROOT/.vllm-carry/sm90/vllm026-sm90.tar.xz" "$SITE"; exit $? ;;
   all) extract_vllm "$ROOT/.vllm-carry/sm90/vllm026-sm90.tar.xz" "$SITE" || exit 3 ;;
-  race) [ -d "$SITE/vllm" ] || { say "no vLLM in $SITE: run 'extract' first (machine not warm?)"; exit 3; } ;;
+  race) [ -d "$SITE/vllm" ] || [[ ${SYSTEMS:-trl},${VS_ARGS:-} != *trl* && ${SYSTEMS:-},${VS_ARGS:-} != *vllm* ]] \
+          || { say "no vLLM in $SITE: run 'extract' first (machine not warm?)"; exit 3; } ;;
   *) echo "unknown MODE $MODE (extract | race | all)"; exit 2 ;;
 esac
 
@@ -49,8 +50,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 pack_logs() {  # every run's logs and metrics into one archive, then off the folder that travels back
   local d=$BENCH/${TASK:-gpu-0.5b}
   [ -d "$d" ] || return 0
-  (cd "$d" && find . -path ./inputs -prune -o -type f \( -name '*.log' -o -name '*.jsonl' -o -name 'summary.json' \) \
-     -size -20M -print | tar czf "$OUT/vs_trl_logs.tgz" -T - \
+  (cd "$d" && find . -path ./inputs -prune -o -type f \( -name '*.log' -o -name '*.jsonl' -o -name 'summary.json' \
+     -o -path '*/profile/*' \) \
+     -size -20M -print | tar czf "$OUT/vs_trl_logs_${TASK:-gpu-0.5b}.tgz" -T - \
    && find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.jsonl' \) -delete)
 }
 export LOOP_RUN_MARK="vs-trl-$$-$RANDOM"

@@ -71,13 +71,14 @@ class StepProfiler:
         table = self.folder / f"steps_{first}-{last}.txt"
         trace = self.folder / f"trace_{first}-{last}.json.gz"
         averages = profiler.key_averages()
-        busy = gpu_busy_s(profiler.events()) if self.cuda else None
-        lines = [f"steps {first}-{last}: {wall_s:.3f} s wall"
-                 + ("" if busy is None else f", GPU busy {busy:.3f} s ({busy / wall_s:.0%})"),
-                 "", "by host time (self):",
+        lines = [f"steps {first}-{last}: {wall_s:.3f} s wall", "", "by host time (self):",
                  averages.table(sort_by="self_cpu_time_total", row_limit=TOP_OPS)]
         if self.cuda:
-            lines += ["", "by device time (self):", averages.table(sort_by="self_device_time_total", row_limit=TOP_OPS)]
+            busy, gaps = idle_gaps(profiler.events())
+            lines[0] += f", GPU busy {busy:.3f} s ({busy / wall_s:.0%})"
+            lines += ["", "by device time (self):", averages.table(sort_by="self_device_time_total", row_limit=TOP_OPS),
+                      "", "the GPU's longest idle gaps (ms, at ms into the window: what the host ran):"]
+            lines += [f"{ms:8.2f} at {at:8.1f}: {ops}" for ms, at, ops in gaps]
         table.write_text("\n".join(lines) + "\n")
         profiler.export_chrome_trace(str(trace))
         log.info("profile of steps %d-%d: %s (%s)", first, last, table, lines[0])
@@ -101,22 +102,32 @@ def _every_thread(cuda: bool):
     return _ExperimentalConfig()
 
 
-def gpu_busy_s(events) -> float:
-    """Seconds in which at least one GPU kernel or copy ran (overlaps counted once)."""
-    spans = sorted((e.time_range.start, e.time_range.end) for e in events
-                   if _on_device(e) and e.time_range.end > e.time_range.start)
-    return union_length(spans) / 1e6
+def idle_gaps(events, top: int = 12) -> tuple[float, list[tuple[float, float, str]]]:
+    """The GPU's busy seconds (the union of its kernels and copies) and its longest idle gaps
+    between the first and the last of them: (ms, ms after the first event, the host ops that
+    started inside the gap, most frequent first). Where the device idles the host is the cost."""
+    from collections import Counter
+    from itertools import pairwise
 
-
-def union_length(spans: list[tuple[float, float]]) -> float:
-    """Total length covered by sorted (start, end) spans."""
-    total, reach = 0.0, float("-inf")
-    for start, end in spans:
-        if end <= reach:
-            continue
-        total += end - max(start, reach)
-        reach = end
-    return total
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in events if _on_device(e))
+    if not kernels:
+        return 0.0, []
+    host = sorted((e.time_range.start, e.name) for e in events if not _on_device(e))
+    merged = [list(kernels[0])]
+    for begin, end in kernels[1:]:
+        if begin <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([begin, end])
+    busy = sum(end - begin for begin, end in merged) / 1e6
+    origin = min(kernels[0][0], host[0][0] if host else kernels[0][0])
+    gaps = sorted(((b[0] - a[1], a[1], b[0]) for a, b in pairwise(merged)), reverse=True)[:top]
+    out = []
+    for length, begin, end in gaps:
+        names = Counter(name for t, name in host if begin <= t < end)
+        out.append((length / 1e3, (begin - origin) / 1e3,
+                    ", ".join(f"{n[:50]} x{c}" for n, c in names.most_common(4)) or "-"))
+    return busy, out
 
 
 def _on_device(event) -> bool:

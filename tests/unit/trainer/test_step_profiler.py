@@ -2,18 +2,29 @@
 
 import gzip
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from pydantic import ValidationError
 
 from agrpo.services.common.config import AgrpoConfig
-from agrpo.services.trainer.profiling import StepProfiler, union_length
+from agrpo.services.trainer.profiling import StepProfiler, idle_gaps
 
 
-def test_overlapping_spans_count_once():
-    assert union_length([(0, 2), (1, 3), (2.5, 2.8), (5, 6)]) == 4
-    assert union_length([]) == 0
+def _event(name: str, device: str, start_us: float, end_us: float):
+    return SimpleNamespace(name=name, device_type=SimpleNamespace(name=device),
+                           time_range=SimpleNamespace(start=start_us, end=end_us))
+
+
+def test_overlapping_kernels_count_once_and_the_gaps_name_what_the_host_ran():
+    events = [_event("k1", "CUDA", 0, 2000), _event("k2", "CUDA", 1000, 3000), _event("k3", "CUDA", 2500, 2800),
+              _event("k4", "CUDA", 5000, 6000), _event("aten::item", "CPU", 3500, 3600),
+              _event("aten::item", "CPU", 4000, 4100), _event("aten::mm", "CPU", 0, 10)]
+    busy, gaps = idle_gaps(events)
+    assert busy == pytest.approx(0.004)
+    assert gaps == [(2.0, 3.0, "aten::item x2")]
+    assert idle_gaps([_event("aten::mm", "CPU", 0, 10)]) == (0.0, [])
 
 
 def _train_like_work() -> None:
