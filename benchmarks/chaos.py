@@ -216,8 +216,11 @@ def recovery(target: str, cfg, vllm, metrics: Path, limit_s: float) -> tuple[flo
     """(seconds until the killed service serves again, seconds until the trainer then logs
     a new step); None where that did not happen within limit_s of the kill."""
     name, t0 = target.split("@")[0], time.monotonic()
-    port = {"trainer": cfg.trainer.port, "rollout": cfg.rollout.port, "reward": cfg.reward.port}.get(name)
-    back = (lambda: _vllm_healthy(vllm.base_url)) if name == "vllm" else (lambda: _serving(port))
+    if name == "vllm":
+        back = lambda: _vllm_healthy(vllm.base_url)  # noqa: E731
+    else:
+        port = {"trainer": cfg.trainer.port, "rollout": cfg.rollout.port, "reward": cfg.reward.port}[name]
+        back = lambda: _serving(port)  # noqa: E731
     back_s = step_s = None
     while time.monotonic() - t0 < limit_s:
         if back_s is None and back():
@@ -246,8 +249,9 @@ def start(a):
     if a.supervisor == "launcher":
         vllm, job, cfg = start_job(opts, {})
         return vllm, LauncherSystem(job), cfg
-    vllm, config, cfg = start_vllm_and_config(opts, {})
-    return vllm, PlainSystem(config, a.out / "logs"), cfg
+    server, config, cfg = start_vllm_and_config(opts, {})
+    assert server is not None, "launcher.generation vllm always starts one"
+    return server, PlainSystem(config, a.out / "logs"), cfg
 
 
 def run(a) -> int:
