@@ -222,7 +222,7 @@ class Job:
             follower.poll()
             follower.close()  # the bar ends its line before the closing one
             self.say(f"[run] training done in {time.monotonic() - self.started_at:.0f} s; "
-                     f"output in {self.out}")
+                     f"output in {self.out}{self._profile_note()}")
             return 0
         except KeyboardInterrupt:
             try:  # a second Ctrl-C (or a signal to the whole process group) may come at once
@@ -250,6 +250,11 @@ class Job:
         again = " ".join(["agrpo run", str(self.opts.config_path), *self.opts.extra_flags,
                           "--resume_from_checkpoint", "true"])
         return f"[run] stopped; kept {kept}. To continue it: {again}"
+
+    def _profile_note(self) -> str:
+        """Where trainer.profile_steps wrote its tables and timeline, when it did."""
+        window, folder = self.cfg.trainer.profile_steps, self.out / "profile"
+        return f"; profile of steps {window[0]}-{window[1]} in {folder}" if window and folder.is_dir() else ""
 
     def _metrics_file(self) -> Path:
         return Path(self.cfg.trainer.metrics_jsonl or self.out / "metrics.jsonl")

@@ -310,7 +310,7 @@ class TrainerSection(ServiceSection):
     @classmethod
     def _a_window(cls, window: tuple[int, int] | None) -> tuple[int, int] | None:
         if window is not None and not 1 <= window[0] <= window[1]:
-            raise ValueError(f"profile_steps must be [first, last] with 1 <= first <= last, not {list(window)}")
+            raise ValueError("profile_steps must be [first, last] with 1 <= first <= last")
         return window
 
     @model_validator(mode="after")
