@@ -149,10 +149,13 @@ class AgrpoConfig(GRPOArgs):
 
     @property
     def resolved_max_inflight_tasks(self) -> int:
-        """max_inflight_tasks with TRL 1.16's auto formula for -1 (one trainer process):
-        max(max_staleness, 1) x per_device_train_batch_size x gradient_accumulation_steps.
-        Pacing (trainer credits) bounds generation further; this caps vLLM concurrency."""
+        """max_inflight_tasks with TRL 1.16's auto formula for -1: max(max_staleness, 1) x
+        per_device_train_batch_size x gradient_accumulation_steps x the trainer's processes
+        (trainer.num_processes; 0, one per visible GPU, and a torchrun of your own count as one:
+        rollout cannot see those GPUs, so set max_inflight_tasks there). Pacing (trainer
+        credits) bounds generation further; this caps vLLM concurrency."""
         if self.max_inflight_tasks > 0:
             return self.max_inflight_tasks
-        auto = max(self.max_staleness, 1) * self.per_device_train_batch_size * self.gradient_accumulation_steps
+        auto = (max(self.max_staleness, 1) * self.per_device_train_batch_size * self.gradient_accumulation_steps
+                * max(self.trainer.num_processes, 1))
         return max(auto, self.num_generations)

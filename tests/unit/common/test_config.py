@@ -104,6 +104,9 @@ def test_auto_inflight_formula():
     cfg = load_config([], {})
     assert cfg.resolved_max_inflight_tasks == 4 * 8 * 1
     assert load_config(["--max_inflight_tasks", "5"], {}).resolved_max_inflight_tasks == 5
+    two_ranks = load_config(["--gradient_accumulation_steps", "2", "--trainer.num_processes", "2"], {})
+    assert two_ranks.resolved_max_inflight_tasks == 4 * 8 * 2 * 2  # TRL's x num_processes
+    assert load_config(["--trainer.num_processes", "0"], {}).resolved_max_inflight_tasks == 4 * 8  # unknown: one
 
 
 @pytest.mark.parametrize("argv, key", [
