@@ -84,6 +84,8 @@ class Run:
     seed: int
     steps: list[tuple[float, float, float]] = field(default_factory=list)
     error: str = ""
+    phases: list[tuple[float, float, float]] = field(default_factory=list)
+    """agrpo: per step (wait for samples, forward and backward, optimizer) in seconds."""
 
 
 def demo_options(task: Task, a):
@@ -167,7 +169,24 @@ def run_agrpo(task: Task, system: str, seed: int, a) -> Run:
     first = rows[0]
     start = first["time"] - float(first.get("perf/step_s", 0)) - float(first.get("perf/wait_s", 0))
     run.steps = [(r["time"] - t0, r["time"] - start, float(r["reward"])) for r in rows]
+    run.phases = [tuple(float(r.get(k, 0.0)) for k in PHASES) for r in rows]
     return run
+
+
+PHASES = ("perf/wait_s", "perf/forward_backward_s", "perf/optimizer_s")
+SLOW_STEP = 3.0
+"""A step this many times the run's median step time is named, with its phases (where a run's
+seconds go beyond its steady step)."""
+
+
+def slow_steps(run: Run) -> list[dict]:
+    """The steps after the first that took over SLOW_STEP x the median gap, with their phases."""
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(run.steps)]
+    if not gaps:
+        return []
+    typical = statistics.median(gaps)
+    return [{"step": i + 2, "s": round(gap, 2), **{k.split("/")[1]: round(v, 2) for k, v in zip(PHASES, run.phases[i + 1])}}
+            for i, gap in enumerate(gaps) if gap > SLOW_STEP * typical and i + 1 < len(run.phases)]
 
 
 def first_reaching(rewards: list[float], threshold: float, window: int) -> int | None:
@@ -186,6 +205,9 @@ def numbers(run: Run, task: Task) -> dict:
     durations = [b - a for a, b in itertools.pairwise(t_launch)] or [t_launch[0]]
     out = {"s_per_step": statistics.median(durations), "start_s": t_launch[0] - t_train[0],
            "final_reward": statistics.fmean(rewards[-task.window:])}
+    if run.phases:
+        out.update({f"median_{k.split('/')[1]}": statistics.median(p[i] for p in run.phases)
+                    for i, k in enumerate(PHASES)}, slow_steps=slow_steps(run))
     for thr in task.thresholds:
         i = first_reaching(list(rewards), thr, task.window)
         out[f"steps_{thr}"] = None if i is None else i + 1
@@ -253,7 +275,8 @@ def report(runs: list[Run], systems: list[str], task: Task, a) -> list[str]:
     (a.out / "results.json").write_text(json.dumps({
         "task": task.name, "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
         "command": " ".join(sys.argv), "table": lines,
-        "runs": [{"system": r.system, "seed": r.seed, "steps": r.steps, "error": r.error} for r in runs]}, indent=1))
+        "runs": [{"system": r.system, "seed": r.seed, "steps": r.steps, "error": r.error, "phases": r.phases}
+                 for r in runs]}, indent=1))
     return lines
 
 
