@@ -6,17 +6,25 @@ gRPC, waits for the GPU). The window covers whole steps as the loop runs them, t
 samples included, and every thread of the process, so the trainer's own generation shows
 too. It writes, under <output_dir>/profile/:
 
-- steps_A-B.txt: the window's wall time, the GPU's busy time in it, and the ops that took
-  the most time on the host and on the device;
+- steps_A-B.txt: the window's wall time, the GPU's busy time in it, the ops that took the
+  most time on the host and on the device, and the GPU's longest idle gaps with the host ops
+  that ran in them;
 - trace_A-B.json.gz: the timeline (chrome://tracing or https://ui.perfetto.dev).
+
+A run resumed inside the window profiles from its first step; one that ends inside it writes
+what it profiled.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from agrpo.services.common.logging import get_logger
+
+if TYPE_CHECKING:
+    from torch.profiler import profile
 
 log = get_logger("trainer.profile")
 
@@ -32,26 +40,39 @@ class StepProfiler:
         self.window = window
         self.folder = Path(output_dir) / "profile"
         self.cuda = cuda
-        self._profiler = None
+        self._profiler: profile | None = None
         self._started = 0.0
+        self._steps = (0, 0)  # the first step profiled and the last one logged
 
     def before_step(self, step: int) -> None:
         """`step`: the step about to be pulled (1-based)."""
-        if self.window is None or self._profiler is not None or step != self.window[0]:
+        if self.window is None or self._profiler is not None or not self.window[0] <= step <= self.window[1]:
             return
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        self._profiler = profile(activities=activities, experimental_config=_every_thread(self.cuda))
-        self._profiler.start()
+        self._profiler = profiler = profile(activities=activities, experimental_config=_every_thread(self.cuda))
+        profiler.start()
         self._started = time.perf_counter()
-        log.info("profiling steps %d-%d", *self.window)
+        self._steps = (step, step - 1)
+        log.info("profiling steps %d-%d", step, self.window[1])
 
     def after_step(self, step: int) -> None:
         """`step`: the step just logged; the window's last one writes the files."""
-        if self._profiler is None or self.window is None or step < self.window[1]:
+        if self._profiler is None or self.window is None:
             return
+        self._steps = (self._steps[0], step)
+        if step >= self.window[1]:
+            self._finish()
+
+    def close(self) -> None:
+        """A run that ends inside the window still writes what it profiled."""
+        if self._profiler is not None:
+            self._finish()
+
+    def _finish(self) -> None:
         profiler, self._profiler = self._profiler, None
+        assert profiler is not None
         if self.cuda:
             import torch
 
@@ -60,13 +81,8 @@ class StepProfiler:
         profiler.stop()
         self.write(profiler, wall)
 
-    def close(self) -> None:
-        """A run that ends inside the window still writes what it profiled."""
-        if self._profiler is not None:
-            self.after_step(self.window[1] if self.window else 0)
-
     def write(self, profiler, wall_s: float) -> None:
-        first, last = self.window or (0, 0)
+        first, last = self._steps
         self.folder.mkdir(parents=True, exist_ok=True)
         table = self.folder / f"steps_{first}-{last}.txt"
         trace = self.folder / f"trace_{first}-{last}.json.gz"
@@ -90,7 +106,7 @@ def _every_thread(cuda: bool):
     lacks are left out."""
     from torch._C._profiler import _ExperimentalConfig
 
-    wanted = {"profile_all_threads": True, "record_python_gc_info": True, "enable_cuda_sync_events": cuda}
+    wanted: dict[str, Any] = {"profile_all_threads": True, "record_python_gc_info": True, "enable_cuda_sync_events": cuda}
     while wanted:
         try:
             return _ExperimentalConfig(**wanted)

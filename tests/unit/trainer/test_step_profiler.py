@@ -50,8 +50,18 @@ def test_a_run_that_stops_inside_the_window_writes_what_it_profiled(tmp_path):
     profiler = StepProfiler((1, 50), tmp_path, cuda=False)
     profiler.before_step(1)
     _train_like_work()
+    profiler.after_step(1)
+    assert not (tmp_path / "profile").exists()
     profiler.close()
-    assert (tmp_path / "profile" / "steps_1-50.txt").exists()
+    assert (tmp_path / "profile" / "steps_1-1.txt").exists()
+
+
+def test_a_run_resumed_inside_the_window_profiles_from_its_first_step(tmp_path):
+    profiler = StepProfiler((2, 3), tmp_path, cuda=False)
+    profiler.before_step(3)
+    _train_like_work()
+    profiler.after_step(3)
+    assert (tmp_path / "profile" / "steps_3-3.txt").read_text().startswith("steps 3-3: ")
 
 
 def test_no_window_profiles_nothing(tmp_path):
