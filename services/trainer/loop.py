@@ -113,7 +113,7 @@ class TrainerLoop:
                 if self.state.step % self.cfg.weight_sync_steps == 0 and not self._stop.is_set():
                     await self.publish_weights()  # no weights leave after a stop began
                 self.reporter.log(step_in, stats)
-                self.profiler.after_step(self.state.step)
+                await self._write_profile(self.profiler.after_step(self.state.step))
                 await self.maybe_checkpoint()
             await self.publisher.settle()
             if self.done():
@@ -122,9 +122,20 @@ class TrainerLoop:
                 log.info("stopped at step %d: saving a checkpoint", self.state.step)
                 await self.save()
         finally:
-            self.profiler.close()
+            await self._write_profile(self.profiler.close())
             await self.publisher.drain()
             self.finished.set()
+
+    @staticmethod
+    async def _write_profile(write) -> None:
+        """The profile's tables and timeline, written off the event loop (gRPC keeps answering);
+        one that cannot be written costs a warning, never the run."""
+        if write is None:
+            return
+        try:
+            await asyncio.to_thread(write)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic
+            log.warning("the profile could not be written: %s: %s", type(exc).__name__, exc)
 
     async def publish_weights(self) -> None:
         """The trainer's weights become the next version; what waited in open rows is judged

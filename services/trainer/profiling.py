@@ -18,6 +18,8 @@ what it profiled.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,20 +59,19 @@ class StepProfiler:
         self._steps = (step, step - 1)
         log.info("profiling steps %d-%d", step, self.window[1])
 
-    def after_step(self, step: int) -> None:
-        """`step`: the step just logged; the window's last one writes the files."""
+    def after_step(self, step: int) -> Callable[[], None] | None:
+        """`step`: the step just logged. After the window's last one the profiler stops and this
+        returns what writes the files (seconds for a big window: run it off the event loop)."""
         if self._profiler is None or self.window is None:
-            return
+            return None
         self._steps = (self._steps[0], step)
-        if step >= self.window[1]:
-            self._finish()
+        return self._stop() if step >= self.window[1] else None
 
-    def close(self) -> None:
+    def close(self) -> Callable[[], None] | None:
         """A run that ends inside the window still writes what it profiled."""
-        if self._profiler is not None:
-            self._finish()
+        return self._stop() if self._profiler is not None else None
 
-    def _finish(self) -> None:
+    def _stop(self) -> Callable[[], None]:
         profiler, self._profiler = self._profiler, None
         assert profiler is not None
         if self.cuda:
@@ -79,7 +80,7 @@ class StepProfiler:
             torch.cuda.synchronize()
         wall = time.perf_counter() - self._started
         profiler.stop()
-        self.write(profiler, wall)
+        return partial(self.write, profiler, wall)
 
     def write(self, profiler, wall_s: float) -> None:
         first, last = self._steps

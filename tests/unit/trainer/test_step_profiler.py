@@ -37,7 +37,10 @@ def test_the_window_writes_its_tables_and_timeline_after_its_last_step(tmp_path)
     for step in (1, 2, 3, 4):
         profiler.before_step(step)
         _train_like_work()
-        profiler.after_step(step)
+        write = profiler.after_step(step)
+        assert (write is not None) == (step == 3)
+        if write is not None:
+            write()
         written = sorted(p.name for p in (tmp_path / "profile").glob("*")) if (tmp_path / "profile").exists() else []
         assert written == ([] if step < 3 else ["steps_2-3.txt", "trace_2-3.json.gz"])
     table = (tmp_path / "profile" / "steps_2-3.txt").read_text()
@@ -50,9 +53,8 @@ def test_a_run_that_stops_inside_the_window_writes_what_it_profiled(tmp_path):
     profiler = StepProfiler((1, 50), tmp_path, cuda=False)
     profiler.before_step(1)
     _train_like_work()
-    profiler.after_step(1)
-    assert not (tmp_path / "profile").exists()
-    profiler.close()
+    assert profiler.after_step(1) is None
+    profiler.close()()
     assert (tmp_path / "profile" / "steps_1-1.txt").exists()
 
 
@@ -60,15 +62,14 @@ def test_a_run_resumed_inside_the_window_profiles_from_its_first_step(tmp_path):
     profiler = StepProfiler((2, 3), tmp_path, cuda=False)
     profiler.before_step(3)
     _train_like_work()
-    profiler.after_step(3)
+    profiler.after_step(3)()
     assert (tmp_path / "profile" / "steps_3-3.txt").read_text().startswith("steps 3-3: ")
 
 
 def test_no_window_profiles_nothing(tmp_path):
     profiler = StepProfiler(None, tmp_path, cuda=False)
     profiler.before_step(1)
-    profiler.after_step(1)
-    profiler.close()
+    assert profiler.after_step(1) is None and profiler.close() is None
     assert not (tmp_path / "profile").exists()
 
 
