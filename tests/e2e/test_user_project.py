@@ -156,6 +156,19 @@ def test_agrpo_run_finds_the_module_beside_its_config_from_any_folder(shared, ti
     assert _steps(tmp_path / "out") == [1, 2]
 
 
+def test_agrpo_run_profiles_the_steps_asked_for_and_says_where(shared, tiny_model_dir, tmp_path):
+    job = _job(tmp_path / "user", shared, tiny_model_dir, tmp_path / "out", "my_rewards:digit_reward")
+    cfg = yaml.safe_load(job.read_text())
+    cfg["trainer"]["profile_steps"] = [2, 2]
+    job.write_text(yaml.safe_dump(cfg))
+    r = _run([sys.executable, "-m", "agrpo.cli", "run", str(job)], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    folder = tmp_path / "out" / "profile"
+    assert (folder / "steps_2-2.txt").read_text().startswith("steps 2-2: ")
+    assert "aten::" in (folder / "steps_2-2.txt").read_text() and (folder / "trace_2-2.json.gz").stat().st_size
+    assert f"profile of steps 2-2 in {folder}" in r.stdout
+
+
 def test_a_module_found_nowhere_is_one_line_naming_it_and_the_folders(tiny_model_dir, tmp_path):
     server = type("S", (), {"base_url": "http://127.0.0.1:9"})()  # never reached: the check comes first
     job = _job(tmp_path / "user", server, tiny_model_dir, tmp_path / "out", "no_such_rewards:score")
