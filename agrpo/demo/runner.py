@@ -24,7 +24,7 @@ import yaml
 
 from agrpo.launcher.job import Job, JobOptions
 from agrpo.launcher.progress import StepFollower, read_steps
-from agrpo.launcher.vllm_plan import lora_flags, trainer_generates
+from agrpo.launcher.vllm_plan import extra_vllm_args, trainer_generates
 from agrpo.services.common import weight_transports
 from agrpo.services.common.config import ConfigError, load_config
 from agrpo.services.common.config.loader import merge
@@ -209,7 +209,7 @@ def start_vllm_and_config(opts: DemoOptions, info: dict) -> tuple[VLLMServer | N
         config = write_config(opts, model_dir, data, url, "trainer")
         return None, config, _load(config)
     info["generation"] = "vllm"
-    vllm = start_vllm(opts, model_dir, opts.out / "logs" / "vllm.log", lora_flags(planned))
+    vllm = start_vllm(opts, model_dir, opts.out / "logs" / "vllm.log", extra_vllm_args(planned))
     try:
         info["vllm_startup_s"] = round(vllm.startup_s, 1)
         print(f"[demo] vLLM healthy after {vllm.startup_s:.0f} s", flush=True)

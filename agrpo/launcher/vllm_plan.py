@@ -90,7 +90,7 @@ def settings_for(cfg, port: int, gpu: bool | None = None) -> VllmSettings:
     max_len = cfg.max_model_len_for(model_max_len(cfg.model))
     kv = launch.kv_cache_gib or (2.0 if gpu else 0.5)
     return VllmSettings(str(Path(cfg.model).resolve()), port, gpu, max_len, kv, launch.vllm_gpu,
-                        launch.gpu_memory_utilization, (*lora_flags(cfg), *launch.vllm_args))
+                        launch.gpu_memory_utilization, extra_vllm_args(cfg))
 
 
 def lora_flags(cfg) -> tuple[str, ...]:
@@ -98,6 +98,12 @@ def lora_flags(cfg) -> tuple[str, ...]:
     for trainer.lora_sync merged: that vLLM never loads an adapter)."""
     adapters = cfg.peft is not None and cfg.trainer.lora_sync != "merged"
     return lora_args(cfg.peft.r, cfg.adapter_slots) if adapters else ()
+
+
+def extra_vllm_args(cfg) -> tuple[str, ...]:
+    """What a vLLM started for `cfg` gets after our own flags: LoRA's, then launcher.vllm_args
+    (last, so a user's flag wins: `--no-enforce-eager` turns CUDA graphs back on)."""
+    return (*lora_flags(cfg), *cfg.launcher.vllm_args)
 
 
 SHORT_JOB_TOKEN_STEPS = 4000

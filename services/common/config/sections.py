@@ -349,7 +349,8 @@ class LauncherSection(Section):
     kv_cache_gib: float | None = Field(None, gt=0)
     """vLLM's KV cache; None: 0.5 GiB on CPU, 2 GiB on GPU."""
     vllm_args: list[str] = Field(default_factory=list)
-    """Extra arguments for `vllm serve`."""
+    """Extra arguments for the `vllm serve` that agrpo run and agrpo demo start, after ours, so
+    yours win (on a GPU, `--no-enforce-eager` gives vLLM its CUDA graphs back)."""
     max_restarts: int = Field(3, ge=0)
     """Crashes of one service within restart_window_s that `agrpo run` restarts; one more
     stops the job with the service's last error."""

@@ -151,6 +151,28 @@ def test_the_vllm_a_lora_job_starts_takes_adapters_unless_it_syncs_merged(keys, 
     assert lora_flags(AgrpoConfig(max_staleness=2, **keys)) == flags
 
 
+def test_the_users_vllm_args_come_last_after_loras_in_the_demo_and_agrpo_run(monkeypatch, tiny_model_dir, tmp_path):
+    from agrpo.demo import runner
+    from agrpo.launcher.vllm_plan import extra_vllm_args
+
+    cfg = AgrpoConfig(max_staleness=2, peft={"r": 12}, launcher={"vllm_args": ["--no-enforce-eager"]})
+    flags = ("--enable-lora", "--max-lora-rank", "16", "--max-loras", "4", "--no-enforce-eager")
+    assert extra_vllm_args(cfg) == flags  # agrpo run's
+
+    started = []
+
+    def start_vllm(opts, model_dir, log_path, extra_args=()):
+        started.append(tuple(extra_args))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(runner, "start_vllm", start_vllm)
+    opts = runner.DemoOptions(out=tmp_path, model_path=tiny_model_dir, overrides={
+        "peft": {"r": 12}, "launcher": {"generation": "vllm", "vllm_args": ["--no-enforce-eager"]}})
+    with pytest.raises(RuntimeError, match="stop here"):
+        runner.start_vllm_and_config(opts, {})
+    assert started == [flags]  # the demo's
+
+
 def test_a_vllm_that_answers_is_used(monkeypatch):
     from agrpo.launcher import vllm_plan
 
