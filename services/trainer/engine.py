@@ -86,7 +86,8 @@ def _sharded(module: torch.nn.Module) -> bool:
 DENSE_ROW_MAX = 4096
 """Eager layers (attention auto): a tree row up to this long attends through the dense SDPA mask
 (16 MiB of bools at most). flex_attention's kernel is compiled, seconds on the first step and
-again as row lengths change, which a short run never repays and a short row does not need."""
+again as row lengths change, which a short run never repays and a short row does not need.
+Off CUDA (no flex) a longer row goes as its padded samples instead."""
 
 
 @dataclass
@@ -162,6 +163,8 @@ class Engine:
         """Final hidden states at the row's term positions, [M, H]."""
         tree = self.cfg.tree if tree is None else tree
         dev = self.device
+        if tree and dev.type != "cuda" and row.num_tokens > DENSE_ROW_MAX:
+            tree = False  # no flex off CUDA, and the dense mask's attention grows with the row squared
         if tree:
             ids, pos, mask = self._tree_inputs(row)
             out = self._decode(input_ids=ids, position_ids=pos, attention_mask=mask)

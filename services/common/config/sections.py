@@ -292,8 +292,10 @@ class TrainerSection(ServiceSection):
     forward: Literal["auto", "tree", "unpacked"] = "auto"
     """Training forward: tree (prefix-tree rows, ancestor mask) or unpacked (one padded row per
     sample; same loss). auto: tree on GPU (flex_attention with the tree's block mask; with eager
-    layers a row up to 4096 tokens takes the dense mask, which needs no compile), unpacked on
-    CPU, where the dense tree mask costs more than the shared prompt saves."""
+    layers a row up to 4096 tokens takes the dense mask, which needs no compile), and on CPU for
+    a model of 10M parameters or more; unpacked for a smaller model on CPU, whose step is op
+    overhead that the dense tree mask adds to. Off CUDA a tree row over 4096 tokens goes
+    unpacked (the dense mask grows with the row squared)."""
     profile_steps: tuple[int, int] | None = None
     """Profile training steps [first, last] (1-based, as logged) with torch.profiler: the host's
     and the device's time by op, and a timeline, under <output_dir>/profile/

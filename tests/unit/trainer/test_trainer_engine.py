@@ -40,6 +40,30 @@ def test_tree_and_unpacked_forwards_agree(engine, make_groups):
     assert loss_tree == pytest.approx(loss_flat, abs=1e-5)
 
 
+def test_forward_auto_takes_the_tree_on_a_cpu_only_for_a_model_whose_matmuls_fill_the_step():
+    from agrpo.services.trainer.engine_factory import CPU_TREE_MIN_PARAMS, tree_forward
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    small = torch.nn.Linear(10, 10, device="meta")
+    big = torch.nn.Linear(CPU_TREE_MIN_PARAMS // 1000, 1000, device="meta")  # shapes only, no memory
+    assert not tree_forward("auto", cpu, small) and tree_forward("auto", cpu, big)
+    assert tree_forward("auto", cuda, small)
+    assert tree_forward("tree", cpu, small) and not tree_forward("unpacked", cuda, big)
+
+
+def test_a_tree_row_too_long_for_the_dense_mask_goes_unpacked_off_cuda(engine, make_groups, monkeypatch):
+    from agrpo.services.trainer import engine as engine_module
+
+    samples = make_groups(n_groups=1, size=3, prompt_len=10)
+    row = next(iter_batches(TokenBudgetBatcher(1, 512), samples)).rows[0]
+    with torch.no_grad():
+        flat, _ = engine.row_logprobs(row, tree=False)
+        monkeypatch.setattr(engine_module, "DENSE_ROW_MAX", row.num_tokens - 1)
+        monkeypatch.setattr(engine, "_tree_inputs", lambda row: pytest.fail("the dense tree mask was built"))
+        long, _ = engine.row_logprobs(row, tree=True)
+    assert torch.equal(long, flat)
+
+
 def test_step_lowers_loss_on_fixed_batch(engine, make_groups):
     samples = make_groups(n_groups=2, size=4, prompt_len=6, seed=3)
     batches = list(iter_batches(TokenBudgetBatcher(1, 512, max_samples=4), samples))
