@@ -186,7 +186,7 @@ def slow_steps(run: Run) -> list[dict]:
         return []
     typical = statistics.median(gaps)
     return [{"step": i + 2, "s": round(gap, 2), **{k.split("/")[1]: round(v, 2) for k, v in zip(PHASES, run.phases[i + 1])}}
-            for i, gap in enumerate(gaps) if gap > SLOW_STEP * typical and i + 1 < len(run.phases)]
+            for i, gap in enumerate(gaps) if gap > SLOW_STEP * typical]
 
 
 def first_reaching(rewards: list[float], threshold: float, window: int) -> int | None:
