@@ -35,6 +35,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -297,6 +298,11 @@ def model_hash(model: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def _top_level(keys: str) -> list[str]:
+    """KEY=VALUE pairs split at the commas outside brackets: a list value keeps its own commas."""
+    return [kv for kv in re.split(r",(?![^\[]*\])", keys) if kv]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", choices=sorted(TASKS), default="tiny")
@@ -320,7 +326,7 @@ def main() -> int:
         name, _, keys = spec.partition(":")
         if not name or "=" not in keys:
             p.error(f"--variant {spec!r}: expected NAME:KEY=VALUE[,KEY=VALUE]")
-        AGRPO_VARIANTS[name] = [x for kv in keys.split(",") for x in ("--set", kv)]
+        AGRPO_VARIANTS[name] = [x for kv in _top_level(keys) for x in ("--set", kv)]
         systems.append(name)
     unknown = [s for s in systems if s != "trl" and s not in AGRPO_VARIANTS]
     if unknown:
