@@ -32,6 +32,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--prompt-tokens", type=int, default=30)
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--paths", default="growing,fixed,graphs", help="which paths to time (graphs: CUDA only)")
     a = p.parse_args(argv)
 
     import torch
@@ -46,6 +47,7 @@ def main(argv: list[str]) -> int:
     paths["fixed"].graphs = False
     if a.device.startswith("cuda"):
         paths["graphs"] = Generator(model, set(), 4096, static=True)
+    paths = {name: gen for name, gen in paths.items() if name in a.paths.split(",")}
     params = SamplingParams(max_tokens=a.tokens, n=a.n, ignore_eos=True)
     vocab = model.config.vocab_size
 
