@@ -11,7 +11,9 @@ replayed with one launch. Shapes are fixed by:
   opened one position per step;
 - the rows staying in the batch until the batch is done (a finished row's tokens are ignored);
 - batch sizes and cache lengths rounded up (`bucket`, `row_bucket`: spare rows decode nothing
-  anyone reads), so the batches a run sees share a few captured graphs.
+  anyone reads), so the batches a run sees share a few captured graphs; a batch also runs on a
+  kept decoder up to twice its shape (`reusable`), so prompts of many lengths do not cycle
+  through captures.
 
 `Decoder.step` runs the captured graph when there is one, else the same step eagerly (CPU,
 or a GPU where capture failed or disagreed with the eager step: one warning, then eager).
@@ -28,6 +30,9 @@ log = get_logger("trainer.generation.static")
 LENGTH_BUCKET = 32
 """Cache lengths are rounded up to a multiple of this, so batches of similar lengths share a
 captured graph."""
+REUSE_SLACK = 2
+"""A kept decoder serves a batch whose own shape is at most this many times smaller in rows and
+in length: spare rows and masked positions cost little beside a new capture."""
 GRAPH_TOLERANCE = 2e-2
 """Largest |logit| difference between a replayed graph and the eager step it was captured from,
 relative to the largest |logit| (bf16 kernels may differ in the last bits; a wrong capture is
@@ -154,3 +159,12 @@ def bucket(length: int) -> int:
 def row_bucket(rows: int) -> int:
     """A batch size of at least `rows`: the next power of two."""
     return 1 << max(0, rows - 1).bit_length()
+
+
+def reusable(kept, rows: int, length: int, slack: float = REUSE_SLACK) -> tuple[int, int] | None:
+    """The smallest kept (rows, length) shape that holds a batch of `rows` rows needing `length`
+    positions, at most `slack` times the shape the batch would get (`row_bucket`, `bucket`);
+    None: build that shape."""
+    own_rows, own_length = row_bucket(rows), bucket(length)
+    fits = [(r, n) for r, n in kept if rows <= r <= slack * own_rows and length <= n <= slack * own_length]
+    return min(fits, key=lambda shape: shape[0] * shape[1], default=None)

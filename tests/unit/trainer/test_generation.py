@@ -158,6 +158,32 @@ def test_fixed_shape_steps_sample_what_growing_ones_do(model):
     assert list(fixed._decoders) == [(8, 64)]  # one decoder, reused
 
 
+def test_a_kept_decoder_up_to_twice_a_batch_shape_serves_it():
+    from agrpo.services.trainer.generation.static_decode import reusable
+
+    kept = [(16, 128), (8, 96), (32, 512)]
+    assert reusable(kept, 16, 60) == (16, 128)  # its own shape would be (16, 64)
+    assert reusable(kept, 6, 42) == (8, 96)  # (16, 128) holds it too: the smallest wins
+    assert reusable(kept, 16, 250) == (32, 512)  # own (16, 256): twice in both
+    assert reusable(kept, 16, 200) is None  # own (16, 224): 512 positions are more than twice
+    assert reusable(kept, 2, 42) is None  # own (2, 64): 8 rows are four times
+    assert reusable(kept, 16, 130) is None  # own (16, 160): (16, 128) too short, (32, 512) over twice
+
+
+def test_prompts_of_other_lengths_reuse_a_longer_decoder_and_sample_the_same(model):
+    """A batch whose cache would be 64 positions runs on the kept 96-position decoder (masked
+    positions change nothing it samples); one needing 32 positions gets its own decoder."""
+    growing = Generator(model, stop_ids=set(), max_model_len=512, static=False)
+    fixed = Generator(model, stop_ids=set(), max_model_len=512, static=True)
+    for prompt in (list(range(10, 70)), list(range(20, 50)), [5, 6, 7]):  # need 72, 42, 15 positions
+        requests = [Request("r", prompt, SamplingParams(max_tokens=12, temperature=0.9, n=6))]
+        want, got = growing.generate(requests), fixed.generate(requests)
+        for w, g in zip(want[0], got[0], strict=True):
+            assert g.token_ids == w.token_ids
+            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+    assert list(fixed._decoders) == [(8, 96), (8, 32)]
+
+
 def test_a_graph_that_cannot_be_captured_means_eager_fixed_steps_and_one_warning(model, caplog, monkeypatch):
     import contextlib
     from types import SimpleNamespace
