@@ -327,7 +327,8 @@ def main() -> int:
         if not name or "=" not in keys:
             p.error(f"--variant {spec!r}: expected NAME:KEY=VALUE[,KEY=VALUE]")
         AGRPO_VARIANTS[name] = [x for kv in _top_level(keys) for x in ("--set", kv)]
-        systems.append(name)
+        if name not in systems:  # --systems may name it, to set its place in the order
+            systems.append(name)
     unknown = [s for s in systems if s != "trl" and s not in AGRPO_VARIANTS]
     if unknown:
         p.error(f"--systems: unknown {unknown}; choose from trl, {', '.join(AGRPO_VARIANTS)}")
