@@ -1,7 +1,7 @@
 """decode_shapes.py: how many decode shapes the trainer's generator builds (a CUDA graph capture
 each, on a GPU) as prompt lengths vary, with and without reusing a kept decoder up to twice a
-batch's shape (static_decode.reusable), under the generator's own rules (row and length buckets,
-KEPT_DECODERS kept, least recently used dropped).
+batch's shape (static_decode.reusable), under the generator's own rules (static_decode.KeptShapes:
+row and length buckets, KEPT_DECODERS kept, the least recently used dropped).
 
   .venv/bin/python benchmarks/decode_shapes.py
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agrpo.services.trainer.generation.generator import KEPT_DECODERS  # noqa: E402
-from agrpo.services.trainer.generation.static_decode import REUSE_SLACK, bucket, reusable, row_bucket  # noqa: E402
+from agrpo.services.trainer.generation.static_decode import REUSE_SLACK, KeptShapes  # noqa: E402
 
 WORKLOADS = (  # (shortest prompt, longest prompt, completion tokens)
     (17, 19, 24),  # the race's sums (vs_trl.py's GPU tasks)
@@ -30,20 +30,12 @@ WORKLOADS = (  # (shortest prompt, longest prompt, completion tokens)
 
 
 def builds(widths: list[int], tokens: int, slack: float, rows: int = 16) -> int:
-    """Decoders built over these batches (the generator's _decoder, without the model)."""
-    kept: dict[tuple[int, int], None] = {}
-    built = 0
+    """Decoders built over these batches: the generator's KeptShapes, building nothing."""
+    kept: KeptShapes[None] = KeptShapes(KEPT_DECODERS, slack)
+    built: list[tuple[int, int]] = []
     for width in widths:
-        need = width + tokens
-        key = reusable(kept, rows, need, slack) or (row_bucket(rows), bucket(need))
-        if key in kept:
-            del kept[key]  # moved to the newest end below
-        else:
-            built += 1
-        kept[key] = None
-        while len(kept) > KEPT_DECODERS:
-            kept.pop(next(iter(kept)))
-    return built
+        kept.take(rows, width + tokens, built.append)
+    return len(built)
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ from agrpo.services.common.heap import release_free_heap
 from agrpo.services.common.logging import get_logger
 
 from .sampling import SamplingParams, processed_logprobs, sample
-from .static_decode import Decoder, bucket, reusable, row_bucket
+from .static_decode import Decoder, KeptShapes
 
 log = get_logger("trainer.generation")
 GATHER_S = 0.002
@@ -91,7 +91,7 @@ class Generator:
         """Fixed-shape decode steps (static_decode.py): on a GPU, where launches are the cost."""
         self.graphs = self.static and self.device.type == "cuda"
         """Replay them as CUDA graphs (off after a capture fails)."""
-        self._decoders: dict[tuple[int, int], Decoder] = {}
+        self._decoders: KeptShapes[Decoder] = KeptShapes(KEPT_DECODERS)
 
     # Weights
     def load(self, source: torch.nn.Module, label: str) -> None:
@@ -207,26 +207,26 @@ class Generator:
         return _Growing(self.model, cache, mask, position)
 
     def _decoder(self, cache, mask: torch.Tensor, position: torch.Tensor, most_tokens: int) -> Decoder:
-        """A kept fixed-shape decoder that holds this batch (`reusable`), else one of the batch's own
-        shape (built, and captured, on first use); started."""
+        """A kept fixed-shape decoder that holds this batch, else one of the batch's own shape
+        (built, and captured, on first use); started."""
         rows, heads, _, head_dim = cache.layers[0].keys.shape
         needed = mask.shape[1] + most_tokens  # positions, not the cache, are bounded by max_model_len
-        key = reusable(self._decoders, rows, needed) or (row_bucket(rows), bucket(needed))
-        decoder = self._decoders.pop(key, None)
-        if decoder is None:
-            started = time.perf_counter()
-            decoder = Decoder(self.model, *key, (heads, head_dim), cache.layers[0].keys.dtype, self.device)
-            with self._lock:  # no weight load between the eager step and the replay it checks
-                if self.graphs:
-                    self.graphs = decoder.capture()
-                else:
-                    decoder.warm_up()  # a step that cannot run fails here, not mid-batch
-            log.info("decode steps for %d rows x %d positions ready in %.2f s (%s)", *key,
-                     time.perf_counter() - started, "a CUDA graph" if decoder.graph is not None else "eager")
-        self._decoders[key] = decoder  # the newest last; the oldest goes beyond KEPT_DECODERS
-        while len(self._decoders) > KEPT_DECODERS:
-            self._decoders.pop(next(iter(self._decoders)))
+        decoder = self._decoders.take(rows, needed, lambda shape: self._build(shape, (heads, head_dim),
+                                                                              cache.layers[0].keys.dtype))
         decoder.start(cache, mask, position)
+        return decoder
+
+    def _build(self, shape: tuple[int, int], kv_shape: tuple[int, int], dtype: torch.dtype) -> Decoder:
+        """A decoder of this (rows, length), captured as a CUDA graph where graphs are on."""
+        started = time.perf_counter()
+        decoder = Decoder(self.model, *shape, kv_shape, dtype, self.device)
+        with self._lock:  # no weight load between the eager step and the replay it checks
+            if self.graphs:
+                self.graphs = decoder.capture()
+            else:
+                decoder.warm_up()  # a step that cannot run fails here, not mid-batch
+        log.info("decode steps for %d rows x %d positions ready in %.2f s (%s)", *shape,
+                 time.perf_counter() - started, "a CUDA graph" if decoder.graph is not None else "eager")
         return decoder
 
     def _prefill(self, requests: list[Request], owner: list[int]):

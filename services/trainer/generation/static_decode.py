@@ -21,11 +21,15 @@ or a GPU where capture failed or disagreed with the eager step: one warning, the
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
 import torch
 
 from agrpo.services.common.logging import get_logger
 
 log = get_logger("trainer.generation.static")
+T = TypeVar("T")
 
 LENGTH_BUCKET = 32
 """Cache lengths are rounded up to a multiple of this, so batches of similar lengths share a
@@ -168,3 +172,25 @@ def reusable(kept, rows: int, length: int, slack: float = REUSE_SLACK) -> tuple[
     own_rows, own_length = row_bucket(rows), bucket(length)
     fits = [(r, n) for r, n in kept if rows <= r <= slack * own_rows and length <= n <= slack * own_length]
     return min(fits, key=lambda shape: shape[0] * shape[1], default=None)
+
+
+class KeptShapes(Generic[T]):
+    """What was built per decode shape (rows, cache length), the most recently used last: a batch
+    takes a kept shape that holds it (`reusable`), else its own, built; beyond `size` shapes the
+    least recently used is dropped."""
+
+    def __init__(self, size: int, slack: float = REUSE_SLACK) -> None:
+        self.size, self.slack = size, slack
+        self._kept: dict[tuple[int, int], T] = {}
+
+    def take(self, rows: int, length: int, build: Callable[[tuple[int, int]], T]) -> T:
+        """What serves `rows` rows needing `length` positions; `build(shape)` makes a new one."""
+        shape = reusable(self._kept, rows, length, self.slack) or (row_bucket(rows), bucket(length))
+        item = self._kept.pop(shape) if shape in self._kept else build(shape)
+        self._kept[shape] = item
+        while len(self._kept) > self.size:
+            self._kept.pop(next(iter(self._kept)))
+        return item
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self._kept)
