@@ -40,6 +40,7 @@ from .loss import (
     policy_stat_tensors,
 )
 from .packing import MicroBatch, PackedRow
+from .row_inputs import to_device
 
 
 def _decoder(model):
@@ -159,42 +160,45 @@ class Engine:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.cfg.autocast)
 
-    def row_hidden(self, row: PackedRow, tree: bool | None = None) -> torch.Tensor:
-        """Final hidden states at the row's term positions, [M, H]."""
+    def _tree(self, row: PackedRow, tree: bool | None) -> bool:
+        """Whether this row goes through the tree forward (None: the config's choice)."""
         tree = self.cfg.tree if tree is None else tree
-        dev = self.device
-        if tree and dev.type != "cuda" and row.num_tokens > DENSE_ROW_MAX:
-            tree = False  # no flex off CUDA, and the dense mask's attention grows with the row squared
+        if tree and self.device.type != "cuda" and row.num_tokens > DENSE_ROW_MAX:
+            return False  # no flex off CUDA, and the dense mask's attention grows with the row squared
+        return tree
+
+    def _flex(self, row: PackedRow) -> bool:
+        return self.flex and row.num_tokens > self.dense_up_to
+
+    def row_inputs(self, row: PackedRow, tree: bool, lags: list[int] | None = None) -> dict[str, torch.Tensor]:
+        """Everything of the row that its forward and loss read, on the device, before any of
+        it is launched (row_inputs.py says why). Tree rows on flex are padded to whole blocks
+        (pads are never attended, never read); `lags` adds the per-term staleness."""
+        ints: dict = {"labels": row.labels, "segment": row.segment_id}
         if tree:
-            ids, pos, mask = self._tree_inputs(row)
-            out = self._decode(input_ids=ids, position_ids=pos, attention_mask=mask)
-            real = None if ids.shape[1] == row.num_tokens else torch.arange(ids.shape[1], device=dev) < row.num_tokens
+            ids, pos, end = row.input_ids, row.position_ids, row.subtree_end
+            if self._flex(row):
+                ids, pos, end = tree_attention.pad_tree(ids, pos, end, tree_attention.padded_length(len(ids)))
+            ints.update(ids=ids, pos=pos, end=end, token_index=row.token_index)
+        else:
+            ints.update(_padded(row), sample_position=row.sample_position)
+        if lags is not None:
+            ints["staleness"] = lags
+        return to_device(self.device, ints, {"old": row.old_logprobs, "adv": row.advantages})
+
+    def row_hidden(self, row: PackedRow, x: dict[str, torch.Tensor], tree: bool) -> torch.Tensor:
+        """Final hidden states at the row's term positions, [M, H] (x: its `row_inputs`)."""
+        if tree:
+            end = x["end"]
+            mask = tree_attention.block_mask(end) if self._flex(row) else tree_attention.dense_mask(end)[None, None]
+            out = self._decode(input_ids=x["ids"][None], position_ids=x["pos"][None], attention_mask=mask)
+            n = end.shape[0]
+            real = None if n == row.num_tokens else torch.arange(n, device=self.device) < row.num_tokens
             self._router_aux(out, None if real is None else real[None].long())  # pads stay out of the balance
-            return out.last_hidden_state[0][torch.tensor(row.token_index, device=dev)]
-        longest = max(len(s) for s in row.samples)
-        ids = torch.zeros(len(row.samples), longest, dtype=torch.long)
-        att = torch.zeros_like(ids)
-        for i, s in enumerate(row.samples):
-            ids[i, :len(s)] = torch.tensor(s.input_ids)
-            att[i, :len(s)] = 1
-        out = self._decode(input_ids=ids.to(dev), attention_mask=att.to(dev))
-        self._router_aux(out, att.to(dev))
-        hidden = out.last_hidden_state
-        seg = torch.tensor(row.segment_id, device=dev)
-        spos = torch.tensor(row.sample_position, device=dev)
-        return hidden[seg, spos]
-
-    def _tree_inputs(self, row: PackedRow):
-        """input_ids, position_ids [1, N'] and the ancestor mask (BlockMask, or dense [1, 1, N, N]).
-
-        The flex path pads to whole blocks (N' >= N; pads are never attended, never read)."""
-        ids, pos, end = row.input_ids, row.position_ids, row.subtree_end
-        flex = self.flex and len(ids) > self.dense_up_to
-        if flex:
-            ids, pos, end = tree_attention.pad_tree(ids, pos, end, tree_attention.padded_length(len(ids)))
-        end_t = torch.tensor(end, device=self.device)
-        mask = tree_attention.block_mask(end_t) if flex else tree_attention.dense_mask(end_t)[None, None]
-        return (torch.tensor([ids], device=self.device), torch.tensor([pos], device=self.device), mask)
+            return out.last_hidden_state[0][x["token_index"]]
+        out = self._decode(input_ids=x["ids"], attention_mask=x["att"])
+        self._router_aux(out, x["att"])
+        return out.last_hidden_state[x["segment"], x["sample_position"]]
 
     def _decode(self, **inputs):
         if self.moe is not None:
@@ -211,18 +215,21 @@ class Engine:
 
     def row_logprobs(self, row: PackedRow, tree: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-term log-probabilities of the labels (at temperature) and entropies."""
-        return self.root(partial(self._row_logprobs, row, tree))
+        tree = self._tree(row, tree)
+        return self._logprobs(row, self.row_inputs(row, tree), tree)
 
-    def _row_logprobs(self, row: PackedRow, tree: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logprobs(self, row: PackedRow, x: dict[str, torch.Tensor], tree: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.root(partial(self._row_logprobs, row, x, tree))
+
+    def _row_logprobs(self, row: PackedRow, x: dict[str, torch.Tensor], tree: bool) -> tuple[torch.Tensor, torch.Tensor]:
         with self._autocast():
-            hidden = self.row_hidden(row, tree)
+            hidden = self.row_hidden(row, x, tree)
         head = self.model.get_output_embeddings()
-        labels = torch.tensor(row.labels, device=self.device)
         weight, bias = head.weight, getattr(head, "bias", None)
         if self.cfg.fp32_head:  # logits in fp32 (GRPOConfig's cast_lm_head_to_fp32): less mismatch
             hidden, weight = at_least_fp32(hidden), at_least_fp32(weight)
             bias = None if bias is None else at_least_fp32(bias)
-        return self.logprobs(hidden, weight, labels, self.cfg.loss.temperature, self.cfg.vocab_chunk, bias)
+        return self.logprobs(hidden, weight, x["labels"], self.cfg.loss.temperature, self.cfg.vocab_chunk, bias)
 
     def row_loss(self, row: PackedRow, global_terms: int, world: int, grad_accum: int = 1,
                  rows_per_rank: float | None = None):
@@ -237,29 +244,25 @@ class Engine:
         that is TRL's sum over all G terms / G per micro-batch, averaged over GA.
         """
         rows_per_rank = world if rows_per_rank is None else rows_per_rank
-        logp, entropy = self.row_logprobs(row)
-        dev = self.device
-        old = torch.tensor(row.old_logprobs, device=dev, dtype=torch.float32)
-        adv = torch.tensor(row.advantages, device=dev, dtype=torch.float32)
-        segment = torch.tensor(row.segment_id, device=dev)
+        tree, lags = self._tree(row, None), self._lags(row)
+        x = self.row_inputs(row, tree, lags)
+        logp, entropy = self._logprobs(row, x, tree)
+        old, adv, segment = x["old"], x["adv"], x["segment"]
         per, _ = per_term_loss(logp, old, adv, self.cfg.loss, segment)
         loss = normalised_loss(per, global_terms, world, grad_accum) / rows_per_rank
-        staleness, levels = self._staleness(row)
-        stats = policy_stat_tensors(logp.detach(), old, adv, entropy, segment, self.cfg.loss, staleness, levels)
+        levels = None if lags is None else sorted(set(lags))
+        stats = policy_stat_tensors(logp.detach(), old, adv, entropy, segment, self.cfg.loss, x.get("staleness"), levels)
         if self.last_aux is not None and self.aux_coef:
             loss = loss + self.aux_coef * self.last_aux / grad_accum / rows_per_rank
             stats["aux_loss"] = (self.last_aux.detach(), 1.0)
         return loss, stats
 
-    def _staleness(self, row: PackedRow) -> tuple[torch.Tensor | None, list[int] | None]:
-        """Per term: how far behind the trainer its sample's version is, and the distinct values
-        of the row's terms (None, None when unknown)."""
+    def _lags(self, row: PackedRow) -> list[int] | None:
+        """Per term: how far behind the trainer its sample's version is (None when unknown)."""
         if self.staleness is None or not row.samples:
-            return None, None
+            return None
         lag = [self.staleness(s.policy_version) for s in row.samples]
-        per_sample = torch.tensor(lag, device=self.device)
-        levels = sorted({lag[i] for i in set(row.segment_id)})
-        return per_sample[torch.tensor(row.segment_id, device=self.device, dtype=torch.long)], levels
+        return [lag[i] for i in row.segment_id]
 
     def my_rows(self, mb: MicroBatch) -> list[PackedRow]:
         """This process's rows of a micro-batch (all of them single process)."""
@@ -355,6 +358,17 @@ class StepClock:
             self.points[-1].synchronize()
             return [a.elapsed_time(b) / 1e3 for a, b in pairwise(self.points)]
         return [b - a for a, b in pairwise(self.points)]
+
+
+def _padded(row: PackedRow) -> dict[str, torch.Tensor]:
+    """The unpacked path's inputs: every sample its own row, right-padded, and its attention mask."""
+    longest = max(len(s) for s in row.samples)
+    ids = torch.zeros(len(row.samples), longest, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for i, s in enumerate(row.samples):
+        ids[i, :len(s)] = torch.tensor(s.input_ids)
+        att[i, :len(s)] = 1
+    return {"ids": ids, "att": att}
 
 
 def _use_flex(attention: str, device: torch.device) -> bool:

@@ -117,7 +117,8 @@ def importance_weights(log_rho: torch.Tensor, segment: torch.Tensor | None, cfg:
     assert cfg.is_mode is not None, "importance_weights needs cfg.is_mode"  # both callers check it
     if cfg.is_mode.startswith("sequence"):
         seg = segment if segment is not None else torch.zeros_like(log_rho, dtype=torch.long)
-        per_seq = torch.zeros(int(seg.max()) + 1 if seg.numel() else 0, dtype=log_rho.dtype, device=log_rho.device)
+        # One slot per term is room for every segment id, with no read of seg.max() from the device.
+        per_seq = torch.zeros(seg.numel(), dtype=log_rho.dtype, device=log_rho.device)
         log_rho = per_seq.index_add_(0, seg, log_rho)[seg]
     rho = torch.exp(log_rho)
     lo = -math.inf if cfg.is_min is None else cfg.is_min
@@ -204,8 +205,8 @@ def policy_stat_tensors(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor
         stats["mismatch/masked_share"] = ((w == 0).float().sum(), n)
     if staleness is not None:
         for k in stale_levels if stale_levels is not None else torch.unique(staleness).tolist():
-            at = staleness == k
-            stats[f"mismatch/k3_kl_mean/staleness_{int(k)}"] = (k3[at].sum(), at.sum())
+            at = staleness == k  # a product, not k3[at]: boolean indexing reads the mask's count
+            stats[f"mismatch/k3_kl_mean/staleness_{int(k)}"] = ((k3 * at).sum(), at.sum())
     counts = torch.bincount(segment).clamp(min=1).float()
     seg_low = torch.bincount(segment, weights=low) / counts
     seg_high = torch.bincount(segment, weights=high) / counts

@@ -59,7 +59,7 @@ def test_a_tree_row_too_long_for_the_dense_mask_goes_unpacked_off_cuda(engine, m
     with torch.no_grad():
         flat, _ = engine.row_logprobs(row, tree=False)
         monkeypatch.setattr(engine_module, "DENSE_ROW_MAX", row.num_tokens - 1)
-        monkeypatch.setattr(engine, "_tree_inputs", lambda row: pytest.fail("the dense tree mask was built"))
+        monkeypatch.setattr(engine_module.tree_attention, "dense_mask", lambda end: pytest.fail("the dense tree mask was built"))
         long, _ = engine.row_logprobs(row, tree=True)
     assert torch.equal(long, flat)
 
@@ -148,3 +148,40 @@ def test_a_step_reads_the_device_once_after_the_optimizer_step(engine, make_grou
         engine.cfg.tree = original
     assert events[0] == "optimizer step" and len(events) == 2, events
     assert events[1].startswith("tolist from") and stats["entropy"] > 0  # the one read carried them
+
+
+def test_a_rows_host_data_reaches_the_device_in_one_copy_before_its_forward(engine, make_groups, monkeypatch):
+    """On a GPU a copy from pageable host memory waits for every queued kernel, so a tensor made
+    from a row's lists after its forward stalls the step. Every host list of a tree step goes
+    through row_inputs.to_device, once a row and before the row's forward: counted here by
+    wrapping torch.tensor / torch.as_tensor (host data only) for calls from agrpo's services."""
+    from pathlib import Path
+
+    from agrpo.services.trainer import engine as engine_module
+
+    events: list[str] = []
+    services_dir = str(Path(engine_module.__file__).parents[1])
+
+    def spy(name, make):
+        def made(data, *args, **kwargs):
+            caller = sys._getframe(1).f_code
+            if (not isinstance(data, torch.Tensor) and caller.co_filename.startswith(services_dir)
+                    and not caller.co_filename.endswith("row_inputs.py")):
+                events.append(f"{name} from {caller.co_filename}:{caller.co_name}")
+            return make(data, *args, **kwargs)
+        return made
+
+    monkeypatch.setattr(torch, "tensor", spy("tensor", torch.tensor))
+    monkeypatch.setattr(torch, "as_tensor", spy("as_tensor", torch.as_tensor))
+    upload, decode = engine_module.to_device, engine._decode
+    monkeypatch.setattr(engine_module, "to_device", lambda *a, **k: (events.append("upload"), upload(*a, **k))[1])
+    monkeypatch.setattr(engine, "_decode", lambda **k: (events.append("forward"), decode(**k))[1])
+    samples = make_groups(n_groups=2, size=4, prompt_len=6, seed=7)
+    batches = list(iter_batches(TokenBudgetBatcher(1, 512, max_samples=4), samples))
+    original, engine.cfg.tree = engine.cfg.tree, True
+    try:
+        stats = engine.train_step(batches, staleness=lambda version: 0)
+    finally:
+        engine.cfg.tree = original
+    assert events == ["upload", "forward"] * len(batches), events
+    assert stats["mismatch/k3_kl_mean/staleness_0"] == pytest.approx(stats["kl"])  # every term at lag 0
