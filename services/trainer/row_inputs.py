@@ -10,6 +10,7 @@ a GPU and copied asynchronously, before anything of the row is launched.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import accumulate
 from typing import TypeAlias
 
 import torch
@@ -27,12 +28,18 @@ def to_device(device: torch.device, ints: Mapping[str, Data],
     return out
 
 
+ALIGN_BYTES = 16
+"""Each piece starts at a multiple of this (compiled kernels assume aligned inputs, else copy them)."""
+
+
 def _upload(parts: Mapping[str, Data], dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
     shapes = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else (len(v),) for k, v in parts.items()}
     flat = [torch.as_tensor(v, dtype=dtype).reshape(-1) for v in parts.values()]
-    host = torch.cat(flat) if flat else torch.empty(0, dtype=dtype)
-    if device.type == "cuda":
-        host = host.pin_memory()
+    step = ALIGN_BYTES // flat[0].element_size()
+    slots = [-(-t.numel() // step) * step for t in flat]
+    host = torch.zeros(sum(slots), dtype=dtype, pin_memory=device.type == "cuda")
+    starts = list(accumulate(slots[:-1], initial=0))
+    for t, start in zip(flat, starts, strict=True):
+        host[start:start + t.numel()] = t
     buffer = host.to(device, non_blocking=True)
-    sizes = [t.numel() for t in flat]
-    return {k: piece.view(shapes[k]) for k, piece in zip(parts, buffer.split(sizes), strict=True)}
+    return {k: buffer[start:start + t.numel()].view(shapes[k]) for k, t, start in zip(parts, flat, starts, strict=True)}

@@ -15,6 +15,7 @@ def test_each_list_comes_back_with_its_values_dtype_and_shape():
     assert torch.equal(out["grid"], grid) and out["none"].shape == (0,)
     assert out["old"].tolist() == [-0.5, -1.25] and out["adv"].dtype == torch.float32
     assert out["ids"].untyped_storage().data_ptr() == out["grid"].untyped_storage().data_ptr()  # one buffer
+    assert all(t.data_ptr() % 16 == 0 for t in out.values())  # every piece aligned
 
 
 def test_no_floats_means_no_float_buffer():
