@@ -7,9 +7,12 @@
 # 2. agrpo's async schedule on the same task (the default there is sync: is it the faster?);
 # 3. agrpo's vLLM path with full-decode CUDA graphs and no torch.compile, then as long jobs get it
 #    now (--enforce-eager), 0.5B, one seed: is the graphs flag set the faster default?
-# 4. the trainer's decode at a long-job shape (64 rows x 512 tokens), CUDA graphs;
-# 5. imports of torch and transformers, slowest first, and whether their bytecode is cached.
-# Into $OUT: run.log, vs_trl/<task>[-race]/results.json, vs_trl_logs_<task>*.tgz, importtime_top.txt.
+# 4. the 1.5B tree step's perf/mfu (goal 0.45), profiled: the first timing since a row's host
+#    data stopped waiting for the GPU mid-row;
+# 5. the trainer's decode at a long-job shape (64 rows x 512 tokens), CUDA graphs;
+# 6. imports of torch and transformers, slowest first, and whether their bytecode is cached.
+# Into $OUT (8 files at most come back): run.log, vs_trl/<task>[-race]/results.json, mfu.jsonl,
+# mfu_profile.txt, importtime_top.txt, and logs.tgz (each run's logs and the plots).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd)
 OUT=${OUT:-/tmp/open-out}; mkdir -p "$OUT"; export OUT
@@ -40,6 +43,11 @@ L=$(left); if [ "$L" -gt 160 ]; then
     timeout $((L - 40)) bash "$HERE/run_vs_trl.sh" race | grep -v '^\s*$' | tail -6
   rm -f "$OUT/vs_trl/gpu-0.5b/reward_vs_time.png"
 fi
+L=$(left); if [ "$L" -gt 70 ] && [ -d /tmp/agrpo-cache/shaped-model/1.5b ]; then
+  PYTHONPATH=/tmp/site:. timeout 60 python3 benchmarks/gpu_train_throughput.py --model /tmp/agrpo-cache/shaped-model/1.5b \
+    --label 1.5b --layouts tree1+gc0 --profile tree1+gc0 --profile-out "$OUT/mfu_profile.txt" --results "$OUT/mfu.jsonl" \
+    2>&1 | grep -E 'perf_mfu|mfu|step' | tail -3 | cut -c1-300
+fi
 L=$(left); if [ "$L" -gt 40 ] && [ -d /tmp/agrpo-cache/shaped-model/0.5b ]; then
   PYTHONPATH=/tmp/site:. timeout 35 python3 benchmarks/generator_decode.py --model /tmp/agrpo-cache/shaped-model/0.5b \
     --device cuda --dtype bfloat16 --paths graphs --prompts 8 --n 8 --tokens 512 --prompt-tokens 256 --calls 3 | tail -3
@@ -49,4 +57,6 @@ L=$(left); if [ "$L" -gt 20 ]; then
   PYTHONPATH=/tmp/site:. timeout 20 python3 -X importtime -c 'import torch, transformers; from transformers import AutoModelForCausalLM; import transformers.models.qwen2.modeling_qwen2' 2> /tmp/imports.raw >/dev/null
   echo "imports: $(( $(date +%s) - S )) s"; sort -t'|' -k2 -n -r /tmp/imports.raw | head -45 > "$OUT/importtime_top.txt"
 fi
+(cd "$OUT" && find . -name '*.tgz' -o -name '*.png' | tar czf /tmp/open-logs.tgz -T - --remove-files) \
+  && mv /tmp/open-logs.tgz "$OUT/logs.tgz"
 ls -R "$OUT" | head -20
