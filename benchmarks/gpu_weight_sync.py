@@ -40,7 +40,6 @@ import asyncio
 import json
 import statistics
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -119,57 +118,18 @@ def ours_rounds(ws, model, url: str, rendezvous: str, rounds: int, first_version
 def helper_rounds(api, model, port: int, rounds: int) -> list[dict]:
     """vLLM's own trainer helper, driven the way TRL (and e2e_nccl.py) drive it."""
     import torch
-    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerSendWeightsArgs, NCCLWeightTransferEngine
-    params = [(n, p) for n, p in model.named_parameters()]
-    ws = 1 + api.get("/get_world_size")["world_size"]
-    info = dict(master_address="127.0.0.1", master_port=port, world_size=ws)
-    box: dict = {}
-    th = threading.Thread(target=lambda: box.setdefault("r", api.post(
-        "/init_weight_transfer_engine", {"init_info": {**info, "rank_offset": 1}})), daemon=True)
-    t = time.perf_counter()
-    th.start()
-    group = NCCLWeightTransferEngine.trainer_init(info)
-    th.join(300)
-    rdv_ms = (time.perf_counter() - t) * 1e3
-    update_info = dict(names=[n for n, _ in params], dtype_names=[str(p.dtype).split(".")[-1] for _, p in params],
-                       shapes=[list(p.shape) for _, p in params], packed=True)
+    e2e = _e2e()
+    params = list(model.named_parameters())
+    group, _, rdv_s, _ = e2e.helper_rendezvous(api, port)
+    info = e2e.update_info(params)
+    sync = torch.cuda.synchronize if params[0][1].is_cuda else (lambda: None)
     out = []
     for r in range(rounds + 1):
-        t0 = time.perf_counter()
-        api.post("/pause?mode=keep")
-        t1 = time.perf_counter()
-        api.post("/start_weight_update")
-        t2 = time.perf_counter()
-        ub: dict = {}
-
-        def upd(ub=ub):
-            try:
-                api.post("/update_weights", {"update_info": update_info})
-            except Exception as exc:  # noqa: BLE001
-                ub["e"] = exc
-            ub["t"] = time.perf_counter()
-        uth = threading.Thread(target=upd, daemon=True)
-        uth.start()
-        ts = time.perf_counter()
-        NCCLWeightTransferEngine.trainer_send_weights(
-            iter([(n, p.detach().contiguous()) for n, p in params]),
-            NCCLTrainerSendWeightsArgs(group=group, packed=True))
-        torch.cuda.synchronize()
-        te = time.perf_counter()
-        uth.join(600)
-        if "e" in ub or uth.is_alive():
-            raise RuntimeError(f"update_weights failed: {ub.get('e', 'timeout')}")
-        t3 = time.perf_counter()
-        api.post("/finish_weight_update")
-        t4 = time.perf_counter()
-        api.post("/resume")
-        t5 = time.perf_counter()
-        ms = lambda a, b: round((b - a) * 1e3, 2)  # noqa: E731
-        row = dict(round="warmup" if r == 0 else r, pause_ms=ms(t0, t1), start_ms=ms(t1, t2),
-                   send_ms=ms(ts, te), update_ms=ms(t2, ub["t"]), finish_ms=ms(t3, t4),
-                   resume_ms=ms(t4, t5), pause_to_resume_ms=ms(t0, t5))
+        t = {k: round(v, 2) for k, v in e2e.helper_round(api, group, params, info, sync).items()}
+        row = dict(round="warmup" if r == 0 else r, **t)
+        row["pause_to_resume_ms"] = row.pop("total_ms")
         if r == 0:
-            row["rendezvous_ms"] = round(rdv_ms, 1)
+            row["rendezvous_ms"] = round(rdv_s * 1e3, 1)
         out.append(row)
         log("helper", row)
     return out
