@@ -4,6 +4,7 @@
 # .vllm-carry/sm90 and .whl (run_vs_trl.sh says what to set aside to fit 64 MiB):
 #   BUDGET_S=560 bash scripts/gpu/run_open_questions.sh        (ONLY="3 4 5 6": those steps only, e.g. in
 #   a second call: one call of 560 s reaches about steps 1, 2 and 4)
+# 0. the trainer's generator tests on the GPU (its decode runs on its own CUDA stream);
 # 1. the gpu-1.5b race, TRL colocate against agrpo demo --gpu, seeds interleaved;
 # 2. agrpo's async schedule on the same task (the default there is sync: is it the faster?);
 # 3. agrpo's vLLM path with full-decode CUDA graphs and no torch.compile, then as long jobs get it
@@ -20,7 +21,7 @@ OUT=${OUT:-/tmp/open-out}; mkdir -p "$OUT"; export OUT
 cd "$ROOT" || exit 2
 T0=$(date +%s); BUDGET=${BUDGET_S:-560}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-want() { [[ " ${ONLY:-1 2 3 4 5 6} " == *" $1 "* ]]; }
+want() { [[ " ${ONLY:-0 1 2 3 4 5 6} " == *" $1 "* ]]; }
 
 python3 - <<'PY'
 import glob, importlib.util, os, sys
@@ -29,6 +30,10 @@ for mod in ("torch", "transformers"):
     print(mod, d, "writable", os.access(d, os.W_OK), "cached", len(glob.glob(f"{d}/__pycache__/*.pyc")),
           "of", len(glob.glob(f"{d}/*.py")), "| dont_write_bytecode", sys.flags.dont_write_bytecode)
 PY
+
+if want 0; then
+  timeout 90 bash "$HERE/run_gpu_tests.sh" tests/gpu/test_gpu_generator.py 2>&1 | tail -4
+fi
 
 L=$(left); if want 1; then
   TASK=gpu-1.5b SEEDS=${SEEDS:-1,2,3} SYSTEMS=trl,agrpo STEPS=22 DEADLINE=$((L * 55 / 100)) RUN_TIMEOUT=110 \

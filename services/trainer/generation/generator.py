@@ -14,6 +14,7 @@ vLLM's in-flight update without recompute does) and the completion then carries 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import threading
 import time
@@ -92,6 +93,9 @@ class Generator:
         self.graphs = self.static and self.device.type == "cuda"
         """Replay them as CUDA graphs (off after a capture fails)."""
         self._decoders: KeptShapes[Decoder] = KeptShapes(KEPT_DECODERS)
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        """Decoding's own CUDA stream: on a GPU the trainer shares, its kernels can run beside the
+        train step's instead of queueing behind them on the default stream."""
 
     # Weights
     def load(self, source: torch.nn.Module, label: str) -> None:
@@ -99,9 +103,13 @@ class Generator:
         now on carry `label`. Frozen ones (a LoRA trainer's base weights) never change, and the
         copy this generator started from holds them already."""
         with self._lock, torch.no_grad():
+            if self._stream is not None:  # the copy waits for queued decode steps, and the next ones for it
+                torch.cuda.current_stream(self.device).wait_stream(self._stream)
             for mine, theirs in zip(self.model.parameters(), source.parameters(), strict=True):
                 if theirs.requires_grad:
                     mine.copy_(theirs)
+            if self._stream is not None:
+                self._stream.wait_stream(torch.cuda.current_stream(self.device))
             self.label = label
 
     # Requests
@@ -156,10 +164,19 @@ class Generator:
     def generate(self, requests: list[Request]) -> list[list[Choice]]:
         """The completions of each request (blocking); on a CPU the batch's freed memory then goes
         back to the OS (services/common/heap.py)."""
-        completions = self._decode(requests)
+        with self._own_stream():
+            completions = self._decode(requests)
         if self.device.type == "cpu":
             release_free_heap()
         return completions
+
+    def _own_stream(self) -> contextlib.AbstractContextManager:
+        """Decoding's stream made current for this thread, after whatever the caller's stream has
+        queued (the weights this generator was copied from)."""
+        if self._stream is None:
+            return contextlib.nullcontext()
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        return torch.cuda.stream(self._stream)
 
     @torch.no_grad()
     def _decode(self, requests: list[Request]) -> list[list[Choice]]:
