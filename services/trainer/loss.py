@@ -112,14 +112,18 @@ class LossConfig:
             raise ValueError(f"importance sampling mode must be one of {IS_MODES}, got {self.is_mode!r}")
 
 
+def segment_sums(values: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:
+    """Each segment id's sum of `values`, indexed by id. One slot per term is room for every id
+    without reading segment.max() from the device (torch.bincount reads it: a wait for the GPU)."""
+    return torch.zeros(segment.numel(), dtype=values.dtype, device=values.device).index_add_(0, segment, values)
+
+
 def importance_weights(log_rho: torch.Tensor, segment: torch.Tensor | None, cfg: LossConfig) -> torch.Tensor:
     """Per-term weights from log(pi_trainer / pi_vllm) (detached), per cfg.is_mode."""
     assert cfg.is_mode is not None, "importance_weights needs cfg.is_mode"  # both callers check it
     if cfg.is_mode.startswith("sequence"):
         seg = segment if segment is not None else torch.zeros_like(log_rho, dtype=torch.long)
-        # One slot per term is room for every segment id, with no read of seg.max() from the device.
-        per_seq = torch.zeros(seg.numel(), dtype=log_rho.dtype, device=log_rho.device)
-        log_rho = per_seq.index_add_(0, seg, log_rho)[seg]
+        log_rho = segment_sums(log_rho, seg)[seg]
     rho = torch.exp(log_rho)
     lo = -math.inf if cfg.is_min is None else cfg.is_min
     hi = math.inf if cfg.is_max is None else cfg.is_max
@@ -207,10 +211,11 @@ def policy_stat_tensors(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor
         for k in stale_levels if stale_levels is not None else torch.unique(staleness).tolist():
             at = staleness == k  # a product, not k3[at]: boolean indexing reads the mask's count
             stats[f"mismatch/k3_kl_mean/staleness_{int(k)}"] = ((k3 * at).sum(), at.sum())
-    counts = torch.bincount(segment).clamp(min=1).float()
-    seg_low = torch.bincount(segment, weights=low) / counts
-    seg_high = torch.bincount(segment, weights=high) / counts
-    absent = torch.bincount(segment) == 0  # segment ids with no term: left out of the extrema
+    terms = segment_sums(torch.ones_like(low), segment)
+    absent = terms == 0  # segment ids with no term: left out of the extrema
+    counts = terms.clamp(min=1)
+    seg_low = segment_sums(low, segment) / counts
+    seg_high = segment_sums(high, segment) / counts
     stats["clip_ratio/low_min"] = seg_low.masked_fill(absent, float("inf")).min()
     stats["clip_ratio/high_max"] = seg_high.masked_fill(absent, float("-inf")).max()
     return stats

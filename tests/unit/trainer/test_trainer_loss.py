@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from agrpo.services.trainer.loss import LossConfig, chunked_logprobs, normalised_loss, per_term_loss, policy_stats
+from agrpo.services.trainer.loss import (
+    LossConfig,
+    chunked_logprobs,
+    normalised_loss,
+    per_term_loss,
+    policy_stats,
+    segment_sums,
+)
 
 
 def test_chunked_logprobs_equal_full_softmax():
@@ -87,6 +94,20 @@ def test_policy_stats_clip_fractions():
     assert stats["clip_ratio/region_mean"] == (2.0, 4.0)
     assert stats["clip_ratio/low_min"] == 0.0 and stats["clip_ratio/high_max"] == 0.5
     assert stats["kl"][0] > 0 and stats["entropy"] == (4.0, 4.0)
+
+
+def test_segment_sums_give_each_id_its_sum_and_ids_without_terms_zero():
+    sums = segment_sums(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([0, 0, 2, 2]))
+    assert sums[:3].tolist() == [3.0, 0.0, 7.0] and not sums[3:].any()
+
+
+def test_clip_extrema_leave_out_segment_ids_without_terms():
+    cfg = LossConfig(0.2, 0.2)
+    logp = torch.log(torch.tensor([0.5, 0.5, 0.5, 1.5]))  # low-clipped: all of segment 0, half of 2
+    stats = policy_stats(logp, torch.zeros(4), torch.tensor([-1.0, -1.0, -1.0, 1.0]), torch.ones(4),
+                         torch.tensor([0, 0, 2, 2]), cfg)
+    assert stats["clip_ratio/low_min"] == 0.5  # segment 2's share, not id 1's (it has no terms)
+    assert stats["clip_ratio/high_max"] == 0.5
 
 
 @pytest.mark.parametrize("mode,lo,hi,expected", [
