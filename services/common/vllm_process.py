@@ -87,9 +87,11 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 def lora_args(rank: int, slots: int) -> tuple[str, ...]:
     """vLLM's flags for a LoRA trainer's adapter-only sync: adapters of `rank`, `slots` at once
-    (AgrpoConfig.adapter_slots). VLLMServer adds VLLM_ALLOW_RUNTIME_LORA_UPDATING when they are given."""
+    (AgrpoConfig.adapter_slots). VLLMServer adds VLLM_ALLOW_RUNTIME_LORA_UPDATING when they are given.
+    Eager steps: adapters under DECODE_GRAPHS were never run here (`--no-enforce-eager` after
+    these, in launcher.vllm_args, tries them)."""
     fitting = next((r for r in LORA_RANKS if r >= rank), rank)
-    return ("--enable-lora", "--max-lora-rank", str(fitting), "--max-loras", str(slots))
+    return ("--enable-lora", "--max-lora-rank", str(fitting), "--max-loras", str(slots), "--enforce-eager")
 
 
 def supports_scale_out(python: Path | None = None) -> bool:
@@ -100,6 +102,11 @@ def supports_scale_out(python: Path | None = None) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and out.stdout.strip() == "True"
+
+
+DECODE_GRAPHS = ("-cc.mode=none", "-cc.cudagraph_mode=FULL_DECODE_ONLY")
+"""vLLM on a GPU: decode steps replayed as CUDA graphs (at small batches a step is kernel
+launches), without torch.compile (its start-up). Weight loads copy into the captured tensors."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,7 @@ class GpuProfile:
     scale_out: bool = False
 
     def args(self) -> tuple[str, ...]:
-        out = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", str(self.max_model_len),
+        out = ["--dtype", "bfloat16", *DECODE_GRAPHS, "--max-model-len", str(self.max_model_len),
                "--gpu-memory-utilization", str(self.gpu_memory_utilization),
                "--logprobs-mode", "processed_logprobs", "--weight-transfer-config", '{"backend":"nccl"}']
         if self.kv_cache_gib:

@@ -26,7 +26,7 @@ from agrpo.services.common.vllm_process import (
 from agrpo.v1 import common_pb2
 
 REPO = Path(__file__).resolve().parents[3]
-GPU_ARGS = ["--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "512",
+GPU_ARGS = ["--dtype", "bfloat16", "-cc.mode=none", "-cc.cudagraph_mode=FULL_DECODE_ONLY", "--max-model-len", "512",
             "--gpu-memory-utilization", "0.25", "--logprobs-mode", "processed_logprobs",
             "--weight-transfer-config", '{"backend":"nccl"}', "--kv-cache-memory-bytes", str(2 << 30),
             "--attention-backend", "FLASH_ATTN",

@@ -140,9 +140,10 @@ def test_who_generates(monkeypatch, gpus, max_steps, keys, expected):
 
 @pytest.mark.parametrize(("keys", "flags"), [
     ({}, ()),                                                              # no peft: no LoRA in vLLM
-    ({"peft": {"r": 12}}, ("--enable-lora", "--max-lora-rank", "16", "--max-loras", "4")),  # rank 12 fits 16
+    ({"peft": {"r": 12}}, ("--enable-lora", "--max-lora-rank", "16", "--max-loras", "4",  # rank 12 fits 16
+                           "--enforce-eager")),
     ({"peft": {"r": 12}, "trainer": {"lora_sync": "adapter"}}, ("--enable-lora", "--max-lora-rank", "16",
-                                                                "--max-loras", "4")),
+                                                                "--max-loras", "4", "--enforce-eager")),
     ({"peft": {"r": 12}, "trainer": {"lora_sync": "merged"}}, ()),         # merged: vLLM never loads an adapter
 ])
 def test_the_vllm_a_lora_job_starts_takes_adapters_unless_it_syncs_merged(keys, flags):
@@ -156,7 +157,7 @@ def test_the_users_vllm_args_come_last_after_loras_in_the_demo_and_agrpo_run(mon
     from agrpo.launcher.vllm_plan import extra_vllm_args
 
     cfg = AgrpoConfig(max_staleness=2, peft={"r": 12}, launcher={"vllm_args": ["--no-enforce-eager"]})
-    flags = ("--enable-lora", "--max-lora-rank", "16", "--max-loras", "4", "--no-enforce-eager")
+    flags = ("--enable-lora", "--max-lora-rank", "16", "--max-loras", "4", "--enforce-eager", "--no-enforce-eager")
     assert extra_vllm_args(cfg) == flags  # agrpo run's
 
     started = []
