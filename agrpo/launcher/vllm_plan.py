@@ -102,7 +102,7 @@ def lora_flags(cfg) -> tuple[str, ...]:
 
 def extra_vllm_args(cfg) -> tuple[str, ...]:
     """What a vLLM started for `cfg` gets after our own flags: LoRA's, then launcher.vllm_args
-    (last, so a user's flag wins: `--no-enforce-eager` turns CUDA graphs back on)."""
+    (last, so a user's flag wins, e.g. `--enforce-eager`)."""
     return (*lora_flags(cfg), *cfg.launcher.vllm_args)
 
 

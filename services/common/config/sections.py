@@ -352,7 +352,8 @@ class LauncherSection(Section):
     """vLLM's KV cache; None: 0.5 GiB on CPU, 2 GiB on GPU."""
     vllm_args: list[str] = Field(default_factory=list)
     """Extra arguments for the `vllm serve` that agrpo run and agrpo demo start, after ours, so
-    yours win (on a GPU, `--no-enforce-eager` gives vLLM its CUDA graphs back)."""
+    yours win (`--enforce-eager` drops the decode graphs vLLM replays on a GPU;
+    `--no-enforce-eager` gives a LoRA job's vLLM its graphs)."""
     max_restarts: int = Field(3, ge=0)
     """Crashes of one service within restart_window_s that `agrpo run` restarts; one more
     stops the job with the service's last error."""
