@@ -40,7 +40,8 @@ fi
 L=$(left); if want 1; then
   TASK=gpu-1.5b SEEDS=${SEEDS:-1,2,3} SYSTEMS=trl,agrpo STEPS=22 DEADLINE=$((L * 55 / 100)) RUN_TIMEOUT=110 \
     timeout $((L * 70 / 100)) bash "$HERE/run_vs_trl.sh" all | grep -v '^\s*$' | tail -12
-  mv "$OUT/vs_trl/gpu-1.5b" "$OUT/vs_trl/gpu-1.5b-race" && mv "$OUT/vs_trl_logs_gpu-1.5b.tgz" "$OUT/vs_trl_logs_gpu-1.5b-race.tgz"
+  mv "$OUT/vs_trl/gpu-1.5b" "$OUT/vs_trl/gpu-1.5b-race"  # a race cut short leaves no logs tarball to rename:
+  [ -f "$OUT/vs_trl_logs_gpu-1.5b.tgz" ] && mv "$OUT/vs_trl_logs_gpu-1.5b.tgz" "$OUT/vs_trl_logs_gpu-1.5b-race.tgz"
 fi
 
 L=$(left); if want 2 && [ "$L" -gt 120 ]; then

@@ -113,9 +113,11 @@ class LossConfig:
 
 
 def segment_sums(values: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:
-    """Each segment id's sum of `values`, indexed by id. One slot per term is room for every id
-    without reading segment.max() from the device (torch.bincount reads it: a wait for the GPU)."""
-    return torch.zeros(segment.numel(), dtype=values.dtype, device=values.device).index_add_(0, segment, values)
+    """Each segment id's sum of `values` (one per term, or a row of them), indexed by id. One slot
+    per term is room for every id without reading segment.max() from the device (torch.bincount
+    reads it: a wait for the GPU)."""
+    slots = torch.zeros((segment.numel(), *values.shape[1:]), dtype=values.dtype, device=values.device)
+    return slots.index_add_(0, segment, values)
 
 
 def importance_weights(log_rho: torch.Tensor, segment: torch.Tensor | None, cfg: LossConfig) -> torch.Tensor:
@@ -211,11 +213,9 @@ def policy_stat_tensors(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor
         for k in stale_levels if stale_levels is not None else torch.unique(staleness).tolist():
             at = staleness == k  # a product, not k3[at]: boolean indexing reads the mask's count
             stats[f"mismatch/k3_kl_mean/staleness_{int(k)}"] = ((k3 * at).sum(), at.sum())
-    terms = segment_sums(torch.ones_like(low), segment)
+    terms, low_sums, high_sums = segment_sums(torch.stack([torch.ones_like(low), low, high], 1), segment).unbind(1)
     absent = terms == 0  # segment ids with no term: left out of the extrema
-    counts = terms.clamp(min=1)
-    seg_low = segment_sums(low, segment) / counts
-    seg_high = segment_sums(high, segment) / counts
+    seg_low, seg_high = low_sums / terms.clamp(min=1), high_sums / terms.clamp(min=1)
     stats["clip_ratio/low_min"] = seg_low.masked_fill(absent, float("inf")).min()
     stats["clip_ratio/high_max"] = seg_high.masked_fill(absent, float("-inf")).max()
     return stats
