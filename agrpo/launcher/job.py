@@ -214,10 +214,11 @@ class Job:
         """The whole job; the exit status (0 done, 1 failed, 130 interrupted)."""
         follower = None
         interrupted = _interrupts()
+        launched = time.time()
         try:
             self.start()
             total = self.cfg.max_steps if self.cfg.max_steps > 0 else None
-            follower = StepFollower(self._metrics_file(), total, disable_bar=bool(self.cfg.disable_tqdm))
+            follower = StepFollower(self._metrics_file(), total, disable_bar=bool(self.cfg.disable_tqdm), since=launched)
             self.watch(follower)
             follower.poll()
             follower.close()  # the bar ends its line before the closing one

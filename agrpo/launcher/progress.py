@@ -43,10 +43,13 @@ def step_line(row: dict) -> str:
 
 
 class StepFollower:
-    """Prints new steps of a metrics JSONL as they appear."""
+    """Prints new steps of a metrics JSONL as they appear. With `since` (a time.time()), records
+    written before it (a resumed run's earlier steps, kept in the file) move the bar to where
+    that run left off instead of being printed again."""
 
-    def __init__(self, path: Path, total: int | None, disable_bar: bool = False) -> None:
+    def __init__(self, path: Path, total: int | None, disable_bar: bool = False, since: float | None = None) -> None:
         self.path = path
+        self.since = since
         self.seen = 0
         self.last_step = 0
         self.bar = None
@@ -61,11 +64,15 @@ class StepFollower:
         new = rows[self.seen:]
         self.seen = len(rows)
         for row in new:
-            self.write(step_line(row))
+            if not self._earlier(row):
+                self.write(step_line(row))
             if self.bar is not None:
                 self.bar.update(max(0, int(row["step"]) - self.last_step))
             self.last_step = max(self.last_step, int(row["step"]))
         return new
+
+    def _earlier(self, row: dict) -> bool:
+        return self.since is not None and number(row, "time") < self.since
 
     def write(self, line: str) -> None:
         if self.bar is not None:

@@ -52,6 +52,19 @@ def test_summary_compares_first_and_last_ten_steps(tmp_path):
     assert "step    3" in line and "5.0 samples/s" in line and "reward 0.500" in line
 
 
+def test_a_resumed_job_shows_only_its_own_steps_and_its_bar_starts_where_the_run_stopped(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    earlier = [{"step": i, "time": 100.0 + i, "policy_version": i + 1} for i in (1, 2, 3)]  # the run before the restart
+    path.write_text("".join(json.dumps(r) + "\n" for r in earlier))
+    follower = progress.StepFollower(path, total=5, disable_bar=True, since=200.0)
+    with path.open("a") as f:
+        f.write(json.dumps({"step": 4, "time": 201.0, "policy_version": 5}) + "\n")
+    assert [r["step"] for r in follower.poll()] == [1, 2, 3, 4]
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step")]
+    assert [line.split("|")[0].split()[1] for line in shown] == ["4"]
+    assert follower.last_step == 4
+
+
 def test_demo_reports_a_config_typo_in_one_line_before_building_anything(tmp_path, monkeypatch, capsys):
     from agrpo.demo import cli, runner
 
