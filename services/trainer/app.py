@@ -38,13 +38,11 @@ if TYPE_CHECKING:
 log = get_logger("trainer.app")
 
 
-def build_pace(cfg: AgrpoConfig, rows: int = 1) -> Pace:
-    """The pacing window from the config (services/trainer/pacing.py); `rows`: the trainer's ranks,
-    each training per_device_train_batch_size samples a micro-batch (TRL's bs x P)."""
-    per_version = cfg.per_device_train_batch_size * rows * cfg.gradient_accumulation_steps * cfg.weight_sync_steps
-    return Pace(max_staleness=cfg.max_staleness, nominal_per_version=per_version, capacity=cfg.queue_maxsize,
-                group_size=cfg.num_generations, sync=cfg.trainer.resolved_schedule == "sync",
-                fixed_window=cfg.trainer.credit_window, rows=rows)
+def build_pace(cfg: AgrpoConfig, ranks: int = 1) -> Pace:
+    """The pacing window from the config (services/trainer/pacing.py) for a trainer of `ranks`."""
+    return Pace(max_staleness=cfg.max_staleness, per_step=cfg.samples_per_step(ranks), capacity=cfg.queue_maxsize,
+                group_size=cfg.num_generations, steps_per_version=cfg.weight_sync_steps,
+                sync=cfg.trainer.resolved_schedule == "sync", fixed_window=cfg.trainer.credit_window)
 
 
 class TrainerApp:

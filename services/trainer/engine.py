@@ -231,17 +231,18 @@ class Engine:
             bias = None if bias is None else at_least_fp32(bias)
         return self.logprobs(hidden, weight, x["labels"], self.cfg.loss.temperature, self.cfg.vocab_chunk, bias)
 
-    def row_loss(self, row: PackedRow, global_terms: int, world: int, grad_accum: int = 1,
+    def row_loss(self, row: PackedRow, step_terms: int, world: int, micro_batches: int = 1,
                  rows_per_rank: float | None = None):
         """Normalised loss of one row plus its diagnostics.
 
-        `world` is P, the micro-batch's rows (TRL's ranks). Single process every row
-        stands for one rank and is divided by P, as DDP's gradient mean would. Under
-        FSDP2 over W processes (rows_per_rank = P / W), the reduce-scatter already
-        divides by W, so a row is divided by P / W only:
+        `world` is P, the micro-batch's rows (TRL's ranks); `step_terms` counts the loss terms of
+        the whole optimizer step. Single process every row stands for one rank and is divided by
+        P, as DDP's gradient mean would. Under FSDP2 over W processes (rows_per_rank = P / W), the
+        reduce-scatter already divides by W, so a row is divided by P / W only:
             (1/W) * sum_r (W/P) * g_r = (1/P) * sum_r g_r,
-        the single-process gradient. With normalised_loss's sum_t l_t / (G / P) / GA
-        that is TRL's sum over all G terms / G per micro-batch, averaged over GA.
+        the single-process gradient. With normalised_loss's sum_t l_t / (T / P) that is the sum
+        over all T terms of the step / T, however many micro-batches carry them. The MoE aux loss
+        is a mean over the step's rows (`micro_batches` x P).
         """
         rows_per_rank = world if rows_per_rank is None else rows_per_rank
         tree, lags = self._tree(row, None), self._lags(row)
@@ -249,11 +250,11 @@ class Engine:
         logp, entropy = self._logprobs(row, x, tree)
         old, adv, segment = x["old"], x["adv"], x["segment"]
         per, _ = per_term_loss(logp, old, adv, self.cfg.loss, segment)
-        loss = normalised_loss(per, global_terms, world, grad_accum) / rows_per_rank
+        loss = normalised_loss(per, step_terms, world) / rows_per_rank
         levels = None if lags is None else sorted(set(lags))
         stats = policy_stat_tensors(logp.detach(), old, adv, entropy, segment, self.cfg.loss, x.get("staleness"), levels)
         if self.last_aux is not None and self.aux_coef:
-            loss = loss + self.aux_coef * self.last_aux / grad_accum / rows_per_rank
+            loss = loss + self.aux_coef * self.last_aux / micro_batches / rows_per_rank
             stats["aux_loss"] = (self.last_aux.detach(), 1.0)
         return loss, stats
 
@@ -284,10 +285,11 @@ class Engine:
         # one read per step, so the GPU never waits on the CPU between forward and backward.
         total = torch.zeros((), device=self.device)
         stats: dict = {}
+        step_terms = sum(mb.num_terms for mb in batches)
         for mb in batches:
             world = len(mb.rows)
             for row in self.my_rows(mb):
-                loss, row_stats = self.row_loss(row, mb.num_terms, world, len(batches), world / self.world)
+                loss, row_stats = self.row_loss(row, step_terms, world, len(batches), world / self.world)
                 loss.backward()
                 total = total + loss.detach() / self.world  # this row's share of the single-process loss
                 _merge(stats, row_stats)
@@ -307,6 +309,8 @@ class Engine:
         forward_backward, optimizer = clock.spans()
         out = {"loss": read.pop("loss"), "grad_norm": read.pop("grad_norm"), "learning_rate": lr,
                "perf/forward_backward_s": forward_backward, "perf/optimizer_s": optimizer}
+        if self.device.type == "cuda":  # what the token budget is sized against (budget.py)
+            out["perf/peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         out.update(_reduce(read))
         return out
 
@@ -325,9 +329,10 @@ class Engine:
     def eval_loss(self, batches: list[MicroBatch]) -> float:
         """The step's loss without updating anything (tests, diagnostics)."""
         total = 0.0
+        step_terms = sum(mb.num_terms for mb in batches)
         for mb in batches:
             for row in self.my_rows(mb):
-                loss, _ = self.row_loss(row, mb.num_terms, len(mb.rows), len(batches),
+                loss, _ = self.row_loss(row, step_terms, len(mb.rows), len(batches),
                                         len(mb.rows) / self.world)
                 total += loss.item() / self.world
         if self.world > 1:

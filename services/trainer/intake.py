@@ -100,7 +100,7 @@ class Intake:
     def __init__(self, buffer: SampleBuffer, ledger: Ledger, pace: Pace | None = None,
                  hooks: IntakeHooks | None = None) -> None:
         self.buffer, self.ledger = buffer, ledger
-        self.pace = pace or Pace(max_staleness=0, nominal_per_version=buffer.capacity, capacity=buffer.capacity)
+        self.pace = pace or Pace(max_staleness=0, per_step=buffer.capacity, capacity=buffer.capacity)
         self.hooks: IntakeHooks = hooks or AdmitAll()
         self.limits: ModelLimits | None = None  # bind_limits(), once the model is loaded
         self.stats = IntakeStats()
@@ -141,9 +141,9 @@ class Intake:
         outstanding = sum(s.outstanding for s in self.streams.values())
         return min(self.pace.room(len(self.buffer), outstanding), max(0, self.buffer.free - outstanding))
 
-    def version_moved(self, trained: int, carried: int) -> None:
+    def version_moved(self, carried: int = 0) -> None:
         """The trainer's version moved: consumption counts against it (Pace.version_moved)."""
-        self.pace.version_moved(trained, carried)
+        self.pace.version_moved(carried)
 
     def version_published(self) -> None:
         """The new version is in vLLM: the next generation's room opens."""

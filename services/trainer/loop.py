@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from functools import partial
 from pathlib import Path
 
 from agrpo.services.common.config import AgrpoConfig
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.metrics import IdleClock
 
-from . import checkpoint
+from . import budget, checkpoint
 from .audit import TrainedSampleLog
 from .buffer import SampleBuffer
 from .engine import Engine
@@ -58,13 +59,13 @@ class TrainerLoop:
         self.idle = IdleClock()  # waiting for samples vs training, syncing, logging
         self.publisher = WeightPublisher(cfg, syncer, state, board, record, metrics, intake, ranks)
         self.gatherer = StepGatherer(cfg, state, buffer, intake, metrics, ranks.world.size, self.idle,
-                                     lambda: self.publisher.max_model_len, self.publisher.reconcile)
+                                     lambda: self.publisher.max_model_len, self.publisher.reconcile,
+                                     partial(budget.engine_budget, engine, bool(cfg.gradient_checkpointing)))
         flops = FlopModel.of(engine.model, tree=engine.cfg.tree, recompute=bool(cfg.gradient_checkpointing))
         self.reporter = StepReporter(cfg, state, metrics, step_log, tokenizer, flops, self.idle, self.gatherer,
                                      self.publisher)
         self.reward_health = RewardHealth(cfg.trainer.reward_failure_patience)
         self.profiler = StepProfiler(cfg.trainer.profile_steps, cfg.resolved_output_dir, engine.device.type == "cuda")
-        self.trained_at_version = 0  # samples trained since the last published version
         self._saved_step = state.step
         self._saved_epochs = state.ledger.completed_epochs
         self._stop = asyncio.Event()
@@ -109,9 +110,11 @@ class TrainerLoop:
                 step_in = await self.gatherer.pull(self._stop)
                 if step_in is None:
                     break
+                await self.publisher.hold_generation()
                 stats = await self.train_step(step_in)
                 if self.state.step % self.cfg.weight_sync_steps == 0 and not self._stop.is_set():
                     await self.publish_weights()  # no weights leave after a stop began
+                await self.publisher.release_generation()
                 self.reporter.log(step_in, stats)
                 await self._write_profile(self.profiler.after_step(self.state.step))
                 await self.maybe_checkpoint()
@@ -124,6 +127,7 @@ class TrainerLoop:
         finally:
             await self._write_profile(self.profiler.close())
             await self.publisher.drain()
+            await self.publisher.release_generation()  # a failed step leaves no server paused
             self.finished.set()
 
     @staticmethod
@@ -141,8 +145,7 @@ class TrainerLoop:
         """The trainer's weights become the next version; what waited in open rows is judged
         against it; then they go into every server (maybe while the next step trains)."""
         version = await self.publisher.snapshot_next()
-        self.gatherer.version_moved(self.trained_at_version)
-        self.trained_at_version = 0
+        self.gatherer.version_moved()
         await self.publisher.push(version)
 
     async def finish(self) -> None:
@@ -163,7 +166,6 @@ class TrainerLoop:
         for warning in self.reward_health.check(samples):  # raises when rewards stay unusable
             log.warning("%s", warning)
         self.ledger.record(samples)
-        self.trained_at_version += len(samples)
         step_in.trained_version = self.state.version
         step_in.staleness = [self._staleness(s.policy_version) for s in samples]
         self.state.step += 1

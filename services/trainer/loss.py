@@ -4,7 +4,7 @@ Per loss term t (a trained position of one sample):
 
     r_t = exp(logp_t - old_t)                          old_t: vLLM's behaviour logprob
     l_t = -min(r_t * A, clamp(r_t, 1 - eps, 1 + eps_high) * A)
-    loss = sum_t l_t / max(global_terms / world, 1) / grad_accum
+    loss = sum_t l_t / max(step_terms / world, 1)     (every term of the step: GRPOTrainer's dapo)
 
 With importance-sampling correction (GRPOConfig's `vllm_importance_sampling_*`, or
 `tis_cap`), the surrogate is taken against the trainer's own logprob at step start
@@ -151,10 +151,12 @@ def per_term_loss(logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, cfg:
     return loss, ratio
 
 
-def normalised_loss(per_term: torch.Tensor, global_terms: int, world_size: int = 1,
-                    grad_accum: int = 1) -> torch.Tensor:
-    """TRL's token normalisation: per micro-batch across ranks, then averaged over GA."""
-    return per_term.sum() / max(global_terms / world_size, 1) / grad_accum
+def normalised_loss(per_term: torch.Tensor, step_terms: int, world_size: int = 1) -> torch.Tensor:
+    """A row's share of the step's loss: its terms' sum over every term of the optimizer step (all
+    micro-batches and ranks), as GRPOTrainer's dapo normalises the accumulated batch; not a mean of
+    per-micro-batch means (TRL's async trainer, its issue #7206). `world_size` is the rows a
+    micro-batch has: each row stands for one of them, and the caller divides by them again."""
+    return per_term.sum() / max(step_terms / world_size, 1)
 
 
 Stat: TypeAlias = tuple[torch.Tensor | float, torch.Tensor | float] | torch.Tensor | float

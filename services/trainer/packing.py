@@ -399,11 +399,9 @@ class FixedCountBatcher:
         return self._close()
 
 
-def make_batcher(token_budget: int | None, max_model_len: int, num_rows: int, batch_size: int,
-                 on_drop: DropFn | None = None,
+def make_batcher(budget: int, num_rows: int, batch_size: int, on_drop: DropFn | None = None,
                  max_samples: int | None = None) -> TokenBudgetBatcher | FixedCountBatcher:
-    """TRL's choice: None -> the server's max_model_len; <= 0 -> fixed count."""
-    budget = max_model_len if token_budget is None else token_budget
+    """Rows within `budget` tokens; <= 0: a fixed count of batch_size x rows samples (TRL's choice)."""
     if budget <= 0:
         return FixedCountBatcher(num_rows, batch_size)
     return TokenBudgetBatcher(num_rows, budget, on_drop, max_samples)

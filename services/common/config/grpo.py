@@ -66,7 +66,9 @@ class GRPOArgs(BaseModel):
     epsilon_high: float | None = Field(None, ge=0)
     """Upper clip range; None uses `epsilon`."""
     token_budget: int | None = None
-    """Unique tokens per micro-batch row; None: the server's max_model_len; <= 0: fixed count."""
+    """Unique tokens per micro-batch row (memory: it never changes what a step trains); None: what
+    the trainer's free memory holds (services/trainer/budget.py), never below the server's
+    max_model_len; <= 0: fixed count (per_device_train_batch_size x ranks a micro-batch)."""
 
     # Async pipeline
     max_inflight_tasks: int = Field(-1, ge=-1)
@@ -106,7 +108,9 @@ class GRPOArgs(BaseModel):
     output_dir: str | None = None
     """Where checkpoints and metrics go; None: trainer_output."""
     per_device_train_batch_size: int = Field(8, ge=1)
-    """Samples per micro-batch (fixed-count planner) and the unit of max_inflight_tasks."""
+    """Samples a rank trains per accumulation step: an optimizer step trains per_device_train_batch_size
+    x gradient_accumulation_steps x ranks samples, whole groups (TRL GRPOTrainer's count), however
+    the token budget cuts them into micro-batches."""
     num_train_epochs: float = Field(3.0, gt=0)
     """Passes over the prompt dataset, counted in distinct prompts trained."""
     max_steps: int = Field(-1, ge=-1)
@@ -134,7 +138,8 @@ class GRPOArgs(BaseModel):
     adam_epsilon: float = Field(1e-8, gt=0)
     """Adam epsilon."""
     gradient_accumulation_steps: int = Field(1, ge=1)
-    """Micro-batches per optimizer step."""
+    """Multiplies the samples of an optimizer step (see per_device_train_batch_size); the micro-batches
+    it is trained in are cut by token_budget, and its loss is normalised over all its tokens."""
     average_tokens_across_devices: bool = True
     """Normalise the loss by tokens summed over ranks."""
     max_grad_norm: float = Field(1.0, ge=0)

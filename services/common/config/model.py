@@ -86,6 +86,10 @@ class AgrpoConfig(GRPOArgs):
         if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(self.reward_weights)} entries but "
                              f"reward_funcs has {len(self.reward_funcs)}")
+        if self.queue_maxsize < self.samples_per_step():
+            raise ValueError(f"queue_maxsize={self.queue_maxsize} holds less than one optimizer step "
+                             f"({self.samples_per_step()} samples: per_device_train_batch_size x "
+                             "gradient_accumulation_steps x trainer ranks, whole groups of num_generations)")
         if self.fp16 and self.bf16:
             raise ValueError("bf16 and fp16 are mutually exclusive")
         if self.environment_factory and self.dataset.path is None and self.max_steps <= 0:
@@ -147,15 +151,21 @@ class AgrpoConfig(GRPOArgs):
         wanted = self.launcher.max_model_len or 1024 + self.max_completion_length
         return min(wanted, model_limit) if model_limit else wanted
 
+    def samples_per_step(self, ranks: int | None = None) -> int:
+        """Samples one optimizer step trains: per_device_train_batch_size x gradient_accumulation_steps
+        x the trainer's ranks (TRL GRPOTrainer's count), rounded up to whole groups of
+        num_generations. `ranks` None: trainer.num_processes (0, one per visible GPU, counts as one
+        here: only the trainer sees its GPUs and passes its world size)."""
+        ranks = max(self.trainer.num_processes, 1) if ranks is None else ranks
+        asked = self.per_device_train_batch_size * self.gradient_accumulation_steps * ranks
+        return -(-asked // self.num_generations) * self.num_generations
+
     @property
     def resolved_max_inflight_tasks(self) -> int:
-        """max_inflight_tasks with TRL 1.16's auto formula for -1: max(max_staleness, 1) x
-        per_device_train_batch_size x gradient_accumulation_steps x the trainer's processes
-        (trainer.num_processes; 0, one per visible GPU, and a torchrun of your own count as one:
-        rollout cannot see those GPUs, so set max_inflight_tasks there). Pacing (trainer
-        credits) bounds generation further; this caps vLLM concurrency."""
+        """max_inflight_tasks with TRL 1.16's auto formula for -1: max(max_staleness, 1) x the
+        samples of a step (samples_per_step; a torchrun of your own counts as one process: rollout
+        cannot see those GPUs, so set max_inflight_tasks there). Pacing (trainer credits) bounds
+        generation further; this caps vLLM concurrency."""
         if self.max_inflight_tasks > 0:
             return self.max_inflight_tasks
-        auto = (max(self.max_staleness, 1) * self.per_device_train_batch_size * self.gradient_accumulation_steps
-                * max(self.trainer.num_processes, 1))
-        return max(auto, self.num_generations)
+        return max(self.max_staleness, 1) * self.samples_per_step()

@@ -231,8 +231,9 @@ class TrainerSection(ServiceSection):
     and of the store rendezvous; past it the sync fails naming the phase."""
     max_samples_per_micro_batch: int | None = Field(None, ge=1)
     """Close a micro-batch after this many samples; None: only the token budget closes it (TRL)."""
-    idle_flush_s: float = Field(5.0, gt=0)
-    """Train what is open after this long without a new sample (epoch tails, slow producers)."""
+    idle_flush_s: float | None = Field(None, gt=0)
+    """Train a partial step after this long without a new sample; None: never, a step is always
+    whole (the run's last step takes what the run has left to train)."""
     reconcile_interval_s: float = Field(10.0, gt=0)
     """While idle, how often to check vLLM weight labels and re-sync restarted servers."""
     credit_window: int | None = Field(None, ge=1)
@@ -260,15 +261,18 @@ class TrainerSection(ServiceSection):
     threads: int | None = Field(None, ge=1)
     """torch's intra-op threads in the trainer process; None: OMP_NUM_THREADS (agrpo run gives
     each process 1)."""
-    schedule: Literal["auto", "async", "sync"] = "auto"
-    """async: generation runs up to max_staleness versions ahead of training. sync: the baseline
-    schedule of TRL's GRPOTrainer: generate one step's samples, train, sync, then generate again.
-    auto: sync where the trainer generates itself (weight_transport local: generation and
-    training take turns on the same cores, and overlapping them in one process only makes both
-    wait; measured in docs/vs-trl.md), async everywhere else."""
+    schedule: Literal["auto", "async", "sync", "alternate"] = "auto"
+    """async: generation runs up to max_staleness versions ahead of training, both at once. sync: the
+    baseline schedule of TRL's GRPOTrainer: generate one step's samples, train, sync, then generate
+    again. alternate: generation runs ahead as in async, but every vLLM server pauses (its requests
+    kept) while the trainer computes a step and syncs, then resumes: on one GPU the two take turns
+    instead of time-slicing it, and a step's long completions finish while the next step's groups
+    start (verl's colocated async). auto: sync where the trainer generates itself (weight_transport
+    local: generation and training take turns on the same cores, and overlapping them in one
+    process only makes both wait; measured in docs/vs-trl.md), async everywhere else."""
 
     @property
-    def resolved_schedule(self) -> Literal["async", "sync"]:
+    def resolved_schedule(self) -> Literal["async", "sync", "alternate"]:
         """The schedule in force (auto resolved)."""
         if self.schedule != "auto":
             return self.schedule

@@ -45,8 +45,7 @@ def prompt_tools(cfg):
 def environment_rows(cfg) -> list[dict]:
     """Without a dataset the environment writes each prompt at reset(): one step's worth
     of empty prompts per epoch; max_steps bounds the run (checked by the config)."""
-    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-    return [{cfg.dataset.prompt_column: []} for _ in range(max(1, per_step // cfg.num_generations))]
+    return [{cfg.dataset.prompt_column: []} for _ in range(cfg.samples_per_step() // cfg.num_generations)]
 
 
 def merge_env_rewards(totals: list[float], components: dict[str, list[float]],

@@ -78,7 +78,7 @@ def test_fsdp_steps_match_single_process(result):
     for one, sharded in zip(result["single"], result["fsdp"], strict=True):
         for key, value in one.items():
             assert sharded[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
-    assert result["fsdp_eval"] == pytest.approx(result["single_eval"], rel=1e-5)
+    assert result["fsdp_eval"] == pytest.approx(result["single_eval"], rel=1e-5, abs=1e-7)
     if result["kind"] == "moe":  # the router's load-balancing loss is part of the step
         assert result["single"][0]["aux_loss"] > 0
 

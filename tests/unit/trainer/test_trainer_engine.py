@@ -77,6 +77,38 @@ def test_step_lowers_loss_on_fixed_batch(engine, make_groups):
         assert key in stats[0]
 
 
+def test_a_steps_loss_and_gradient_do_not_depend_on_how_its_micro_batches_cut_it(engine, make_groups):
+    """The step's loss is normalised over all of its tokens (GRPOTrainer's dapo): one micro-batch
+    or four of very different sizes give the same loss and the same gradient. A mean of
+    per-micro-batch means (TRL's async trainer) would weigh the short micro-batch's tokens more."""
+    samples = make_groups(n_groups=2, size=4, prompt_len=6, seed=5, max_completion=12)
+    whole = list(iter_batches(TokenBudgetBatcher(1, 512), samples))
+    cut = list(iter_batches(TokenBudgetBatcher(1, 512, max_samples=3), samples[:3])) + \
+        list(iter_batches(TokenBudgetBatcher(1, 512), samples[3:4])) + \
+        list(iter_batches(TokenBudgetBatcher(1, 512, max_samples=2), samples[4:]))
+    assert len(whole) == 1 and len(cut) == 4
+    assert len({mb.num_terms for mb in cut}) > 1  # uneven micro-batches: a mean of means would differ
+
+    def loss_and_grads(batches):
+        engine.model.zero_grad(set_to_none=True)
+        terms = sum(mb.num_terms for mb in batches)
+        total = 0.0
+        for mb in batches:
+            for row in mb.rows:
+                loss, _ = engine.row_loss(row, terms, len(mb.rows), len(batches))
+                loss.backward()
+                total += loss.item()
+        grads = [p.grad.clone() for p in engine.model.parameters() if p.grad is not None]
+        engine.model.zero_grad(set_to_none=True)
+        return total, grads
+
+    loss_whole, grads_whole = loss_and_grads(whole)
+    loss_cut, grads_cut = loss_and_grads(cut)
+    assert loss_cut == pytest.approx(loss_whole, rel=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(grads_whole, grads_cut))
+    assert engine.eval_loss(cut) == pytest.approx(engine.eval_loss(whole), rel=1e-5)
+
+
 def test_moe_router_aux_loss_is_added(make_groups):
     from transformers import AutoModelForCausalLM, Qwen2MoeConfig
 

@@ -68,10 +68,10 @@ def test_clipped_term_has_no_gradient():
     assert logp.grad.item() == 0.0
 
 
-def test_normalisation_is_per_micro_batch_over_ranks_and_ga():
+def test_a_rows_share_is_its_sum_over_the_steps_terms_per_rank():
     per = torch.ones(6)
-    assert normalised_loss(per, global_terms=12, world_size=2, grad_accum=3).item() == pytest.approx(6 / 6 / 3)
-    assert normalised_loss(torch.zeros(0), global_terms=0).item() == 0.0  # max(.., 1) guards empty
+    assert normalised_loss(per, step_terms=12, world_size=2).item() == pytest.approx(6 / 6)
+    assert normalised_loss(torch.zeros(0), step_terms=0).item() == 0.0  # max(.., 1) guards empty
 
 
 def test_tis_weights_are_truncated():

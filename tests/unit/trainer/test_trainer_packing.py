@@ -125,10 +125,9 @@ def test_fixed_count_splits_groups_when_fewer_than_rows(make_groups):
 
 
 def test_make_batcher_choice():
-    assert isinstance(make_batcher(None, 512, 1, 8), TokenBudgetBatcher)
-    assert make_batcher(None, 512, 1, 8).budget == 512
-    assert isinstance(make_batcher(0, 512, 1, 8), FixedCountBatcher)
-    assert make_batcher(100, 512, 1, 8).budget == 100
+    assert isinstance(make_batcher(512, 1, 8), TokenBudgetBatcher)
+    assert make_batcher(512, 1, 8).budget == 512
+    assert isinstance(make_batcher(0, 1, 8), FixedCountBatcher)
 
 
 def _by_group(samples):
