@@ -43,6 +43,7 @@ class WeightPublisher:
         self._pushing: asyncio.Task | None = None  # a push overlapping the next step
         self._overlap = (cfg.trainer.overlap_weight_sync and cfg.trainer.resolved_schedule == "async"
                          and syncer.transport.snapshot)
+        self._alternate = cfg.trainer.resolved_schedule == "alternate"
 
     async def cold_sync(self) -> None:
         """Sync every server before serving; retry until vllm_server_timeout."""
@@ -121,6 +122,18 @@ class WeightPublisher:
         if self._pushing is not None:
             pushing, self._pushing = self._pushing, None
             await pushing
+
+    async def hold_generation(self) -> None:
+        """The alternate schedule: every server pauses while the trainer computes (its requests
+        kept); the step's sync, or `release_generation`, resumes them."""
+        if self._alternate:
+            await self.settle()
+            await self.syncer.hold()
+
+    async def release_generation(self) -> None:
+        """Resume what hold_generation paused and no sync resumed."""
+        if self._alternate:
+            await self.syncer.release()
 
     async def drain(self) -> None:
         """After a failed step: the push in flight still ends cleanly, its error aside."""

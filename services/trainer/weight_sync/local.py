@@ -104,6 +104,12 @@ class LocalSyncer:
     def admin(self, url: str) -> _LocalAdmin:
         return _LocalAdmin(self)
 
+    async def hold(self) -> None:
+        """The generator shares the trainer's process and device; nothing to pause."""
+
+    async def release(self) -> None:
+        """See hold."""
+
     async def prepare_now(self, version: int, prepare=None) -> float:
         """Copy the trainer's weights in as `version` (unless they are in already); seconds taken."""
         generator = self.opened_generator

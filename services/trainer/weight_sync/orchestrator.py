@@ -84,6 +84,7 @@ class _Server:
         self.labels = True  # the server keeps a weight label (direct load asks; vLLM's flow always sends it)
         self.quick_pause = False  # pause with /sleep level 0 (vLLM >= 0.26), not /pause's 20 ms settle sleep
         self.swap = False  # the whole vLLM flow in one agrpo_swap call (the engine has our plugin)
+        self.held = False  # paused by WeightSyncer.hold, not yet resumed
 
 
 class WeightSyncer:
@@ -132,6 +133,33 @@ class WeightSyncer:
 
     def admin(self, url: str) -> VLLMAdmin:
         return self._servers[url].admin
+
+    async def hold(self) -> None:
+        """Freeze every server's scheduling, its requests kept (the alternate schedule: the trainer
+        computes alone). The next sync's pause is then already done and its resume releases them;
+        `release` does it where no sync follows. A server that does not answer is left running."""
+        async def pause(server: _Server) -> None:
+            admin = server.admin
+            await (admin.pause_scheduler() if admin.direct or server.quick_pause else admin.pause(clear_cache=False))
+            server.held = True
+
+        results = await asyncio.gather(*(pause(s) for s in self._servers.values()), return_exceptions=True)
+        for url, res in zip(self._servers, results):
+            if isinstance(res, Exception):
+                log.warning("could not pause %s while the trainer computes: %s", url, res)
+
+    async def release(self) -> None:
+        """Resume the servers `hold` froze and no sync has resumed since."""
+        held = [s for s in self._servers.values() if s.held]
+
+        async def resume(server: _Server) -> None:
+            await server.admin.resume()
+            server.held = False
+
+        results = await asyncio.gather(*(resume(s) for s in held), return_exceptions=True)
+        for server, res in zip(held, results):
+            if isinstance(res, Exception):
+                log.warning("could not resume %s: %s", server.admin.url, res)
 
     async def prepare_now(self, version: int, prepare: Callable[[], Prepared]) -> None:
         """Build `version`'s payload (in a thread) unless it is built already. With a
@@ -190,13 +218,18 @@ class WeightSyncer:
         if not server.initialized:
             await self._phase(server, "init", lambda: self._init(server), report, current)
             server.initialized = True
-        if server.swap:
+        if server.swap:  # the engine pauses and resumes itself around the load
             await self._phase(server, "update", lambda: self._swap(admin, prepared, report), report, current)
+            server.held = False
         else:
             pause = admin.pause_scheduler if admin.direct or server.quick_pause else \
                 (lambda: admin.pause(clear_cache=self.recompute_in_flight))
-            for phase, run in [("pause", pause), *self._update_steps(server, prepared)]:
+            phases = self._update_steps(server, prepared)
+            if not server.held:  # `hold` paused it already
+                phases.insert(0, ("pause", pause))
+            for phase, run in phases:
                 await self._phase(server, phase, run, report, current)
+            server.held = False  # the update's last phase resumed it
         server.label = str(prepared.version)
 
     async def _swap(self, admin: VLLMAdmin, prepared: Prepared, report: SyncReport) -> None:

@@ -205,6 +205,28 @@ async def test_direct_load_when_the_extension_agrees(servers):
     assert "start_weight_update" not in a.calls and "update_weights" not in a.calls
 
 
+async def test_a_held_server_is_synced_without_a_second_pause_and_released_once(servers):
+    """The alternate schedule: hold pauses every server while the trainer computes; the step's sync
+    then skips its own pause and its resume releases the server; with no sync, release resumes."""
+    a = await servers(extension="ok")
+    syncer = WeightSyncer([a.url], NoopTransport(), 5.0, 30.0)
+    await syncer.open()
+    await syncer.sync(3, _prepare(3))
+    a.calls.clear()
+    await syncer.hold()
+    report = await syncer.sync(4, _prepare(4))
+    await syncer.release()
+    assert report.ok and "pause" not in report.phase_s
+    assert a.calls == ["sleep", "agrpo_load_weights", "agrpo_load_weights", "reset_prefix_cache",
+                       "update_weight_version", "resume"]
+    a.calls.clear()
+    await syncer.hold()
+    await syncer.release()
+    await syncer.release()  # nothing held any more
+    await syncer.close()
+    assert a.calls == ["sleep", "resume"] and a.queries["sleep"] == "level=0&mode=keep"
+
+
 async def test_direct_load_without_labels_skips_the_label(servers):
     a = await servers(extension="ok", labels=False)
     syncer = WeightSyncer([a.url], NoopTransport(), 5.0, 30.0, load_mode="direct")
