@@ -24,7 +24,7 @@ def _gpu_options(a: argparse.Namespace):
     ext = None if a.worker_extension.lower() in ("", "none") else a.worker_extension
     trainer_gpu = a.trainer_gpu if a.trainer_gpu is not None else default_trainer_gpu(a.vllm_gpu, gpu_count())
     return GpuOptions(vllm_gpu=a.vllm_gpu, trainer_gpu=trainer_gpu,
-                      gpu_memory_utilization=a.gpu_memory_utilization, kv_cache_gib=a.kv_cache_gib or None,
+                      gpu_memory_utilization=a.gpu_memory_utilization, kv_cache_gib=a.kv_cache_gib,
                       worker_extension=ext, dtype=a.dtype)
 
 
@@ -57,9 +57,13 @@ def parse(argv: list[str]):
                         "0.5b, 1.5b: random models in Qwen2.5's shapes, digit-share (for a GPU)")
     p.add_argument("--model-path", type=Path, default=None,
                    help="any HF model folder (tokenizer with a chat template) instead; --model picks the task")
+    p.add_argument("--task", choices=["auto", "digits", "sums", "word-problems"], default="auto",
+                   help="auto: the model's own (smollm2: sums; the others: digits); digits: sums up to 50, rewarded "
+                        "by the share of digits written; sums: one-digit sums, the right answer; word-problems: "
+                        "1-4 step arithmetic word problems, the right answer (256 tokens)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default 80; smollm2: 20)")
     p.add_argument("--epochs", type=float, default=None, help="train this many epochs instead of --steps")
-    p.add_argument("--num-prompts", type=int, default=64, help="arithmetic prompts in the dataset")
+    p.add_argument("--num-prompts", type=int, default=64, help="prompts in the (generated) dataset")
     p.add_argument("--learning-rate", type=float, default=None)
     p.add_argument("--max-staleness", type=int, default=2, help="policy versions a trained sample may lag")
     p.add_argument("--out", type=Path, default=Path("demo_output"))
@@ -74,8 +78,9 @@ def parse(argv: list[str]):
     g.add_argument("--trainer-gpu", default=None,
                    help="CUDA device of the trainer (default: another GPU, or vLLM's own on a one-GPU machine)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.25, help="vLLM's share of its GPU")
-    g.add_argument("--kv-cache-gib", type=float, default=2.0,
-                   help="vLLM's KV cache (default 2; 0: what --gpu-memory-utilization leaves)")
+    g.add_argument("--kv-cache-gib", type=float, default=None,
+                   help="vLLM's KV cache (default: room for max_inflight_tasks full-length sequences, at least "
+                        "2 GiB; 0: what --gpu-memory-utilization leaves)")
     g.add_argument("--worker-extension", default=WORKER_EXTENSION,
                    help="vLLM --worker-extension-cls; 'none' leaves the flag out")
     g.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
@@ -86,7 +91,7 @@ def parse(argv: list[str]):
     except ValueError as exc:
         p.error(str(exc))
     steps = a.steps or (20 if a.model == "smollm2" else 80)
-    return DemoOptions(model=a.model, steps=steps, num_prompts=a.num_prompts, epochs=a.epochs,
+    return DemoOptions(model=a.model, task=a.task, steps=steps, num_prompts=a.num_prompts, epochs=a.epochs,
                        out=a.out.resolve(), cache=a.cache.resolve(), learning_rate=a.learning_rate,
                        timeout_s=a.timeout, max_staleness=a.max_staleness, model_path=a.model_path, gpu=gpu,
                        overrides=overrides)

@@ -28,7 +28,8 @@ class GpuOptions:
     vllm_gpu: str = "0"
     trainer_gpu: str = "1"
     gpu_memory_utilization: float = 0.25
-    kv_cache_gib: float | None = 2.0
+    kv_cache_gib: float | None = None
+    """None: sized for the job (agrpo/launcher/vllm_plan.kv_cache_gib); 0: what gpu_memory_utilization leaves."""
     worker_extension: str | None = WORKER_EXTENSION
     dtype: str = "bfloat16"
     peak_tflops: float | None = H200_BF16_TFLOPS
@@ -54,10 +55,13 @@ def default_trainer_gpu(vllm_gpu: str, count: int) -> str:
     return "1" if vllm_gpu != "1" else "0"
 
 
-def vllm_profile(opts: GpuOptions, scale_out: bool) -> GpuProfile:
-    """The bf16 / NCCL start profile for VLLMServer."""
+def vllm_profile(opts: GpuOptions, scale_out: bool, max_model_len: int, kv_cache_gib: float) -> GpuProfile:
+    """The bf16 / NCCL start profile for VLLMServer (max_model_len and the KV cache from the job's
+    config: agrpo/launcher/vllm_plan.py)."""
     return GpuProfile(gpu=opts.vllm_gpu, gpu_memory_utilization=opts.gpu_memory_utilization,
-                      kv_cache_gib=opts.kv_cache_gib, worker_extension=opts.worker_extension, scale_out=scale_out)
+                      kv_cache_gib=kv_cache_gib if opts.kv_cache_gib is None else opts.kv_cache_gib,
+                      max_model_len=max_model_len,
+                      worker_extension=opts.worker_extension, scale_out=scale_out)
 
 
 def service_env(service: str, opts: GpuOptions | None) -> dict[str, str]:

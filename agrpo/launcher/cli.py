@@ -62,7 +62,8 @@ def vllm_main(argv: list[str]) -> int:
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
     p.add_argument("--gpu", default="0", help="CUDA device (GPU)")
     p.add_argument("--max-model-len", type=int, default=None, help="default: 2048, capped at the model's own limit")
-    p.add_argument("--kv-cache-gib", type=float, default=None, help="default: 0.5 on CPU, 2 on GPU")
+    p.add_argument("--kv-cache-gib", type=float, default=None, help="default: 0.5 on CPU, 2 on GPU (agrpo run sizes "
+                   "it for max_inflight_tasks full-length sequences)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--lora-rank", type=int, default=None,
                    help="serve LoRA adapters up to this rank, loaded at run time (a trainer with peft: set)")
@@ -72,13 +73,13 @@ def vllm_main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     from agrpo.services.common.vllm_process import lora_args
 
-    from .vllm_plan import VllmSettings, default_max_len, has_gpu
+    from .vllm_plan import KV_FLOOR_GIB, VllmSettings, default_max_len, has_gpu
 
     if not Path(a.model).is_dir():
         p.error(f"{a.model}: no such model folder")
     gpu = a.device == "gpu" or (a.device == "auto" and has_gpu())
     settings = VllmSettings(str(Path(a.model).resolve()), a.port, gpu, a.max_model_len or default_max_len(a.model, 2048),
-                            a.kv_cache_gib or (2.0 if gpu else 0.5), a.gpu, a.gpu_memory_utilization,
+                            a.kv_cache_gib or KV_FLOOR_GIB[gpu], a.gpu, a.gpu_memory_utilization,
                             lora_args(a.lora_rank, a.max_loras) if a.lora_rank else ())
     server = settings.server()
     cmd, env = server.command(), server.env()

@@ -74,6 +74,40 @@ def model_max_len(model_dir: str) -> int | None:
     return int(value) if value else None
 
 
+KV_FLOOR_GIB = {True: 2.0, False: 0.5}
+"""The smallest KV cache agrpo starts vLLM with (GPU, CPU). A cap on a tiny model's cache keeps its
+blocks few: clearing the prefix cache at every weight sync walks every block (docs/gpu.md)."""
+
+
+def kv_bytes_per_token(model_dir: str, dtype_bytes: int) -> int | None:
+    """K and V of every layer for one token (config.json), None when the config does not say."""
+    import json
+
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config)
+    try:
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+        return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * dtype_bytes
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def kv_cache_gib(cfg, max_model_len: int, gpu: bool) -> float:
+    """launcher.kv_cache_gib; else room for max_inflight_tasks sequences of max_model_len tokens
+    (bf16 on a GPU, fp32 on a CPU), so vLLM runs what rollout sends at once without preempting;
+    at least KV_FLOOR_GIB."""
+    if cfg.launcher.kv_cache_gib:
+        return cfg.launcher.kv_cache_gib
+    per_token = kv_bytes_per_token(cfg.model, 2 if gpu else 4) if cfg.model else None
+    need = (per_token or 0) * max_model_len * cfg.resolved_max_inflight_tasks / 2**30
+    return round(max(KV_FLOOR_GIB[gpu], 1.1 * need), 2)
+
+
 def default_max_len(model_dir: str, wanted: int) -> int:
     """`wanted`, capped at the model's own limit."""
     limit = model_max_len(model_dir)
@@ -88,8 +122,7 @@ def settings_for(cfg, port: int, gpu: bool | None = None) -> VllmSettings:
     launch = cfg.launcher
     gpu = (launch.device == "gpu" or (launch.device == "auto" and has_gpu())) if gpu is None else gpu
     max_len = cfg.max_model_len_for(model_max_len(cfg.model))
-    kv = launch.kv_cache_gib or (2.0 if gpu else 0.5)
-    return VllmSettings(str(Path(cfg.model).resolve()), port, gpu, max_len, kv, launch.vllm_gpu,
+    return VllmSettings(str(Path(cfg.model).resolve()), port, gpu, max_len, kv_cache_gib(cfg, max_len, gpu), launch.vllm_gpu,
                         launch.gpu_memory_utilization, extra_vllm_args(cfg))
 
 

@@ -40,7 +40,7 @@ def _args_after_port(cmd: list[str]) -> list[str]:
 def test_gpu_profile_argv_and_env(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/tmp/site")
     opts = parse(["--gpu", "--out", str(tmp_path)]).gpu
-    server = VLLMServer(tmp_path, port=8011, gpu=gpu.vllm_profile(opts, scale_out=False),
+    server = VLLMServer(tmp_path, port=8011, gpu=gpu.vllm_profile(opts, scale_out=False, max_model_len=512, kv_cache_gib=2.0),
                         log_path=tmp_path / "logs" / "vllm.log")
     cmd = server.command()
     assert cmd[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", str(tmp_path.resolve())]
@@ -170,7 +170,7 @@ def test_cli_gpu_flags(tmp_path):
     opts = parse(["--gpu", "--worker-extension", "none", "--vllm-gpu", "2", "--trainer-gpu", "3",
                   "--gpu-memory-utilization", "0.4", "--kv-cache-gib", "0", "--model-path", str(tmp_path)])
     assert opts.gpu.worker_extension is None and opts.gpu.vllm_gpu == "2" and opts.gpu.trainer_gpu == "3"
-    profile = gpu.vllm_profile(opts.gpu, False)
+    profile = gpu.vllm_profile(opts.gpu, False, 512, 2.0)
     assert profile.gpu_memory_utilization == 0.4 and "--kv-cache-memory-bytes" not in profile.args()
     assert opts.model_path == tmp_path
     assert parse([]).gpu is None

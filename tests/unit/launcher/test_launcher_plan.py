@@ -162,11 +162,11 @@ def test_the_users_vllm_args_come_last_after_loras_in_the_demo_and_agrpo_run(mon
 
     started = []
 
-    def start_vllm(opts, model_dir, log_path, extra_args=()):
-        started.append(tuple(extra_args))
+    def start(server):
+        started.append(tuple(server.command()[-len(flags):]))
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(runner, "start_vllm", start_vllm)
+    monkeypatch.setattr(runner.VLLMServer, "start", start)
     opts = runner.DemoOptions(out=tmp_path, model_path=tiny_model_dir, overrides={
         "peft": {"r": 12}, "launcher": {"generation": "vllm", "vllm_args": ["--no-enforce-eager"]}})
     with pytest.raises(RuntimeError, match="stop here"):
@@ -247,3 +247,22 @@ def test_a_data_file_beside_the_config_but_not_here_is_named_in_the_one_line(tmp
         check_dataset(cfg, tmp_path / "elsewhere")
     monkeypatch.chdir(tmp_path / "proj")
     check_dataset(cfg, tmp_path / "proj")  # from the config's folder it is found
+
+
+def test_vllms_kv_cache_holds_what_rollout_sends_at_once(tmp_path):
+    """The KV cache agrpo starts vLLM with: room for max_inflight_tasks sequences of max_model_len
+    (a Qwen2.5-1.5B shape: 28 layers x 2 KV heads x 128 x K and V x bf16 = 28 KiB a token), at least
+    the floor, and launcher.kv_cache_gib when the user set it."""
+    import json
+
+    from agrpo.launcher.vllm_plan import KV_FLOOR_GIB, kv_cache_gib
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 28, "num_attention_heads": 12,
+                                                      "num_key_value_heads": 2, "hidden_size": 1536}))
+    cfg = AgrpoConfig(model=str(tmp_path), per_device_train_batch_size=64, max_staleness=2)
+    per_token = 2 * 28 * 2 * 128 * 2
+    assert kv_cache_gib(cfg, 2048, gpu=True) == round(1.1 * 128 * 2048 * per_token / 2**30, 2)
+    small = AgrpoConfig(model=str(tmp_path), per_device_train_batch_size=8, max_staleness=1)
+    assert kv_cache_gib(small, 512, gpu=True) == KV_FLOOR_GIB[True]
+    assert kv_cache_gib(AgrpoConfig(model=str(tmp_path), launcher={"kv_cache_gib": 3.5}), 2048, gpu=True) == 3.5
+    assert kv_cache_gib(AgrpoConfig(model=str(tmp_path / "missing")), 2048, gpu=False) == KV_FLOOR_GIB[False]
