@@ -269,14 +269,16 @@ class TrainerSection(ServiceSection):
     instead of time-slicing it, and a step's long completions finish while the next step's groups
     start (verl's colocated async). auto: sync where the trainer generates itself (weight_transport
     local: generation and training take turns on the same cores, and overlapping them in one
-    process only makes both wait; measured in docs/vs-trl.md), async everywhere else."""
+    process only makes both wait; measured in docs/vs-trl.md), alternate where vLLM shares the
+    trainer's GPU (weight_transport ipc: two processes time-slicing one GPU slow the trainer's step
+    2-4x; docs/vs-trl.md, "One GPU at a real shape"), async everywhere else."""
 
     @property
     def resolved_schedule(self) -> Literal["async", "sync", "alternate"]:
         """The schedule in force (auto resolved)."""
         if self.schedule != "auto":
             return self.schedule
-        return "sync" if self.weight_transport == "local" else "async"
+        return {"local": "sync", "ipc": "alternate"}.get(self.weight_transport, "async")
     overlap_weight_sync: bool = True
     """async schedule, http and shared_path transports: the weights are snapshotted, then pushed
     into vLLM while the next step trains (the trainer waits for the snapshot only). The sync
