@@ -16,7 +16,12 @@ earned it.)
 `--task word-problems` gives SmolLM2 multi-step arithmetic word problems instead
 (`write_word_problems_dataset`): one to four operations, so a correct chain of thought runs
 from one line to several and completion lengths vary within a step. Its reward is the same
-`final_answer` (see `word_problem` for why it fits).
+`final_answer`: every answer is one plain positive integer that a correct chain ends on, so the
+last-number rule reads a solution as a person would. Before training SmolLM2 earns it on 8% of
+its temperature-1 samples (19% of the one-operation problems, 6% of two and three, none of four;
+16 samples each, 320 tokens), so groups of the easy problems vary and GRPO has something to
+follow, as on the sums. Partial credit for intermediate results was not taken: it would need a
+column the rows do not have, and it pays for writing many numbers.
 
 These are also the examples of user reward functions loaded by `module:callable`,
 called exactly as TRL calls one.
