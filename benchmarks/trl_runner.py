@@ -8,7 +8,7 @@ tokenizer's chat template (add_generation_prompt=True) and hands every extra col
 reward as a keyword argument.
 
 Output (--out, JSON lines): one line per optimizer step
-    {"step", "t_launch", "t_train", "reward", "step_s", ...}
+    {"step", "t_launch", "t_train", "reward", "step_s", "completion_len", "completions", ...}
 - t_launch: seconds since launch: since --t0 (a parent's time.time() before it started this
   process) or else since the timestamp taken as this file's first statement, before any import.
 - t_train: seconds since trainer.train() was called.
@@ -21,21 +21,33 @@ Output (--out, JSON lines): one line per optimizer step
 - gen_s: the part of step_s spent in GRPOTrainer._generate_and_score_completions (tokenize,
   generate, decode, reward, advantages); the rest is the loss forward/backward and the optimizer.
   (Measured by wrapping that method on the trainer instance; it changes nothing else.)
-and a last line {"event": "done", ...} with the totals, the versions and the effective settings.
+- completion_len: TRL's logged `completions/mean_length` (all completions of the generation batch,
+  truncated ones included); completions: the generation batch (prompts_per_step x num_generations),
+  so completion_len x completions is the completion tokens the step trained.
+- cuda_peak_gib (CUDA only): torch.cuda.max_memory_allocated so far, in GiB. vLLM colocated runs in
+  this process and allocates through torch's allocator, so its weights and KV cache count too.
+and a last line {"event": "done", ...} with the totals, the versions, the effective settings and the
+CUDA peaks (cuda_peak_gib, cuda_peak_reserved_gib).
 
 Settings (TRL 1.16.0 GRPOConfig / transformers 5.19.0 TrainingArguments), checked against their
 source in .venv-trl, each matched to /work/shared/reference/trl-grpotrainer-baseline.md:
 
-- per_device_train_batch_size = prompts_per_step x num_generations (2 x 8 = 16): TRL counts
-  completions, not prompts; one process, so 16 completions = 2 groups per optimizer step.
+- per_device_train_batch_size = prompts_per_step x num_generations / --grad-accum (toy tasks:
+  2 x 8 / 1 = 16): TRL counts completions, not prompts; one process, so 16 completions = 2 groups
+  per optimizer step.
 - num_generations = 8: the same G.
-- gradient_accumulation_steps = 1, steps_per_generation = 1 (set explicitly; generation_batch_size
-  left None, so __post_init__ makes it per_device_train_batch_size x 1 process x 1 = 16),
-  num_iterations = 1: one generation batch per optimizer step, one pass over it. With these,
-  _generate_and_score_completions skips the old-logprob forward (generate_every = 1 divides
-  GA = 1) and _compute_loss uses per_token_logps.detach() as the old logprobs (ratio 1, the
-  on-policy case) - except with use_vllm, where vllm_importance_sampling_correction (TRL's
-  default True, kept) computes them for the vLLM/trainer importance ratio.
+- gradient_accumulation_steps = steps_per_generation = --grad-accum (default 1; set explicitly;
+  generation_batch_size left None, so __post_init__ makes it per_device_train_batch_size x 1
+  process x GA = prompts_per_step x 8), num_iterations = 1: one generation batch per optimizer
+  step, generated at once and trained in GA micro-batches, one pass over it. The long GPU tasks
+  (64 completions of 512-1024 tokens) need GA > 1 to fit memory (benchmarks/vs_trl.py's Task
+  says which and why). loss_type "dapo" normalises every micro-batch by the tokens of the whole
+  generation batch (num_items_in_batch x GA / steps_per_generation), so the GA micro-batches'
+  gradients add up to the one-batch gradient. With these, _generate_and_score_completions skips
+  the old-logprob forward (generate_every = steps_per_generation x num_iterations = GA divides GA)
+  and _compute_loss uses per_token_logps.detach() as the old logprobs (ratio 1, the on-policy
+  case) - except with use_vllm, where vllm_importance_sampling_correction (TRL's default True,
+  kept) computes them for the vLLM/trainer importance ratio.
 - max_completion_length: the task's (tiny 24, smollm2 32, agrpo/demo/runner.py task_settings).
   TRL 1.16 has no max_prompt_length: prompts are never truncated (the field is gone from
   GRPOConfig; _tokenize_prompts applies the chat template with no truncation).
@@ -69,7 +81,7 @@ source in .venv-trl, each matched to /work/shared/reference/trl-grpotrainer-base
   explicitly (TRL's config defaults bf16 to True when fp16 is unset: mixed-precision autocast,
   also on the CPU, which would not be "the same arithmetic"). `--bf16` turns the autocast on,
   as agrpo's GPU trainer has it: gpu-smollm2 trains fp32 weights under bf16 autocast.
-- gradient_checkpointing False (TRL's config defaults it to True).
+- gradient_checkpointing False (TRL's config defaults it to True); --grad-ckpt turns it on.
 - disable_dropout False (TRL default; both models have dropout 0).
 - threads: --threads sets OMP_NUM_THREADS/MKL_NUM_THREADS before torch is imported and
   torch.set_num_threads.
@@ -78,8 +90,13 @@ source in .venv-trl, each matched to /work/shared/reference/trl-grpotrainer-base
   dataloader_pin_memory only with CUDA (on a CPU it does nothing but warn).
 - seed: GRPOConfig.seed (TRL calls set_seed(seed) before loading the model and
   set_seed(seed, device_specific=True) after); the RepeatSampler shuffles the prompts with it.
-- use_vllm / vllm_mode / vllm_gpu_memory_utilization / vllm_enable_sleep_mode: wired through,
-  for the GPU machine (colocate: vLLM inside this process); untested on the CPU.
+- use_vllm / vllm_mode / vllm_gpu_memory_utilization / vllm_enable_sleep_mode /
+  vllm_max_model_length: wired through, for the GPU machine (colocate: vLLM inside this process,
+  max_num_seqs = per_device_train_batch_size x steps_per_generation, the whole generation batch at
+  once); untested on the CPU. vllm_max_model_length None (default) is TRL's: the model config's
+  limit; the long tasks pass prompt room + max_completion_length.
+
+--check-config builds the GRPOConfig alone (no model, no data) and prints its recorded settings.
 """
 _T_PROCESS_START = __import__("time").time()  # launch clock: before any import
 
@@ -118,8 +135,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vllm-mode", default="colocate", choices=["colocate", "server"])
     p.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--vllm-enable-sleep-mode", action="store_true")
+    p.add_argument("--vllm-max-model-length", type=int, default=None,
+                   help="vLLM's context (colocate); default: the model config's limit (TRL's default)")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="gradient_accumulation_steps = steps_per_generation: one generation batch of "
+                        "prompts_per_step x num_generations per optimizer step, trained in this many micro-batches")
+    p.add_argument("--grad-ckpt", action="store_true", help="gradient_checkpointing (off by default)")
+    p.add_argument("--check-config", action="store_true", help="build the GRPOConfig, print its settings, exit")
     p.add_argument("--quiet", action="store_true", help="no line per step on stdout")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.grad_accum < 1 or (args.prompts_per_step * args.num_generations) % args.grad_accum:
+        p.error(f"--grad-accum {args.grad_accum} must divide prompts_per_step x num_generations "
+                f"({args.prompts_per_step * args.num_generations})")
+    return args
 
 
 def load_reward(path: str, name: str):
@@ -143,23 +171,26 @@ CONFIG_RECORDED = (
     "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2",
     "adam_epsilon", "max_grad_norm", "beta", "loss_type", "epsilon", "epsilon_high", "scale_rewards",
     "mask_truncated_completions", "bf16", "fp16", "gradient_checkpointing", "seed", "use_vllm", "vllm_mode",
-    "vllm_gpu_memory_utilization", "vllm_importance_sampling_correction")
+    "vllm_gpu_memory_utilization", "vllm_importance_sampling_correction", "vllm_max_model_length",
+    "vllm_enable_sleep_mode")
 """The GRPOConfig fields the done line records (the effective settings of the run)."""
 
 
-def grpo_config(args: argparse.Namespace, out_dir: str, cuda: bool):
-    """TRL's GRPOConfig with the matched settings (each one explained in the module docstring)."""
+def grpo_config(args: argparse.Namespace, out_dir: str, cuda: bool, **extra):
+    """TRL's GRPOConfig with the matched settings (each one explained in the module docstring);
+    `extra`: more fields (--check-config's use_cpu)."""
     from trl import GRPOConfig
 
     config = GRPOConfig(
         output_dir=out_dir,
         seed=args.seed,
         max_steps=args.steps,
-        # batch: completions per optimizer step, one generation batch per step, one pass over it
-        per_device_train_batch_size=args.prompts_per_step * args.num_generations,
+        # batch: completions per optimizer step, one generation batch per step (in GA micro-batches),
+        # one pass over it
+        per_device_train_batch_size=args.prompts_per_step * args.num_generations // args.grad_accum,
         num_generations=args.num_generations,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
+        gradient_accumulation_steps=args.grad_accum,
+        steps_per_generation=args.grad_accum,
         num_iterations=1,
         # sampling
         max_completion_length=args.max_completion_length,
@@ -188,12 +219,13 @@ def grpo_config(args: argparse.Namespace, out_dir: str, cuda: bool):
         model_init_kwargs={"dtype": args.dtype},
         bf16=args.bf16,
         fp16=False,
-        gradient_checkpointing=False,
+        gradient_checkpointing=args.grad_ckpt,
         # generation backend
         use_vllm=args.use_vllm,
         vllm_mode=args.vllm_mode,
         vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
         vllm_enable_sleep_mode=args.vllm_enable_sleep_mode,
+        vllm_max_model_length=args.vllm_max_model_length,
         # bookkeeping: log every step, save and report nothing
         logging_strategy="steps",
         logging_steps=1,
@@ -203,8 +235,9 @@ def grpo_config(args: argparse.Namespace, out_dir: str, cuda: bool):
         disable_tqdm=True,
         dataloader_num_workers=0,
         dataloader_pin_memory=cuda,  # the default (True) only warns on a CPU
+        **extra,
     )
-    assert config.generation_batch_size == config.per_device_train_batch_size, config.generation_batch_size
+    assert config.generation_batch_size == args.prompts_per_step * args.num_generations, config.generation_batch_size
     return config
 
 
@@ -214,8 +247,9 @@ class StepRecorder:
     `callback()` is the TrainerCallback TRL calls (built once transformers is imported);
     `time_generation` wraps the trainer's generate-and-score method to split each step."""
 
-    def __init__(self, out, t0: float, quiet: bool) -> None:
+    def __init__(self, out, t0: float, quiet: bool, completions: int = 16, cuda: bool = False) -> None:
         self.out, self.t0, self.quiet = out, t0, quiet
+        self.completions, self.cuda = completions, cuda
         self.clock: dict[str, float] = {}
         self.steps: list[dict] = []
 
@@ -252,8 +286,10 @@ class StepRecorder:
                "t_train": round(clock["t_train"], 4), "reward": logs["reward"],
                "step_s": round(clock["step_s"], 4), "gen_s": round(clock.pop("gen_s", 0.0), 4),
                "reward_std": logs.get("reward_std"), "loss": logs.get("loss"),
-               "completion_len": logs.get("completions/mean_length"),
+               "completion_len": logs.get("completions/mean_length"), "completions": self.completions,
                "clipped_ratio": logs.get("completions/clipped_ratio")}
+        if self.cuda:
+            row["cuda_peak_gib"] = cuda_peaks()["cuda_peak_gib"]
         self.steps.append(row)
         self.out.write(json.dumps(row) + "\n")
         self.out.flush()
@@ -294,6 +330,14 @@ def checked_generation(trainer) -> dict:
     return generation
 
 
+def cuda_peaks() -> dict:
+    """torch's peak allocated and reserved CUDA memory in this process so far, GiB."""
+    import torch
+
+    return {"cuda_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+            "cuda_peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2)}
+
+
 def done_record(trainer, config, args, steps: list[dict], times: dict[str, float], generation: dict) -> dict:
     """The last line: totals, versions and the effective settings."""
     import torch
@@ -313,7 +357,7 @@ def done_record(trainer, config, args, steps: list[dict], times: dict[str, float
             "settings": {k: getattr(config, k) for k in CONFIG_RECORDED}
             | {"optim": str(getattr(config.optim, "value", config.optim)), "dtype": args.dtype,
                "optimizer": type(optimizer).__name__, "fused": bool(optimizer.defaults.get("fused"))},
-            "generation": generation}
+            "generation": generation, **(cuda_peaks() if torch.cuda.is_available() else {})}
 
 
 def main(argv=None) -> int:
@@ -330,13 +374,21 @@ def main(argv=None) -> int:
     from trl import GRPOTrainer
 
     torch.set_num_threads(args.threads)
+    if args.check_config:
+        cuda = torch.cuda.is_available()
+        # bf16 autocast without CUDA: TrainingArguments wants use_cpu (for this check only)
+        extra = {"use_cpu": True} if args.bf16 and not cuda else {}
+        config = grpo_config(args, tempfile.mkdtemp(prefix="trl_runner_check_"), cuda, **extra)
+        print(json.dumps({k: getattr(config, k) for k in CONFIG_RECORDED} | extra, default=str))
+        return 0
     times["imported"] = time.time()
     reward_func = load_reward(args.reward_file, args.reward_func)
     dataset = Dataset.from_list(load_rows(args.prompts))
     out_dir = tempfile.mkdtemp(prefix="trl_runner_")  # TrainingArguments needs one; nothing is saved
     config = grpo_config(args, out_dir, torch.cuda.is_available())
     with open(args.out, "w") as out:
-        recorder = StepRecorder(out, times["t0"], args.quiet)
+        recorder = StepRecorder(out, times["t0"], args.quiet, args.prompts_per_step * args.num_generations,
+                                torch.cuda.is_available())
         trainer = GRPOTrainer(model=args.model, reward_funcs=reward_func, args=config, train_dataset=dataset,
                               callbacks=[recorder.callback()])
         for cb in (PrinterCallback, ProgressCallback):

@@ -22,18 +22,36 @@ wheel, one-digit sums, final_answer, 32 tokens, lr 2e-5; trailing-5 reward 0.6),
 tiny model's vocabulary: agrpo demo --model 0.5b / 1.5b; digit_share, lr 1e-4, bf16) and `gpu-smollm2`
 (scripts/gpu/run_vs_trl.sh runs them on the offline H200). Both sides train 16 completions a step (2 prompts x 8).
 
+Long GPU tasks, realistic shapes (64 completions a step, 8 prompts x 8): `gpu-1.5b-long` (the
+1.5B-shaped model, digit_share, 1024-token completions) and `gpu-smollm2-long` (SmolLM2-135M-Instruct
+on 1-4 step arithmetic word problems, `agrpo demo --task word-problems`, final_answer, 512 tokens).
+agrpo gets the shape as a user would give it (`--set per_device_train_batch_size=64 --set
+max_completion_length=...`) and nothing else; TRL gets the settings a competent user would pick for
+one 80 GB H100 with vLLM colocated: gradient accumulation (micro-batches of one generation batch of
+64) at the smallest count that fits, per Task.trl_grad_accum (each says why, with the arithmetic).
+
 Per run: seconds per step (median), steps and seconds to each threshold from launch and from the
 start of training (TRL: train() called; agrpo: the trainer's first step less its own time and its
-wait), final reward. Prints a table per system (mean over seeds) and the ratios agrpo / TRL, and
-writes results.json and reward_vs_time.png (every run) under --out.
+wait), final reward; completion tokens trained per second over the timed steps (steps 2..N: the
+tokens of those steps over the time from step 1's end to step N's), completion tokens generated per
+second (TRL trains all it generates; agrpo: trained x samples generated / trained, its summary's
+counts, so dropped samples count at the trained mean length), the stale share (agrpo: samples
+dropped as stale / generated, its summary.json; TRL: 0 by construction), the median perf/mfu where
+logged (agrpo, with trainer.peak_tflops as the GPU demo sets it), and on a GPU the peak memory
+nvidia-smi saw during the run (both sides, sampled every 0.5 s; TRL's torch.cuda.max_memory_allocated
+too, vLLM's in-process allocations included). A run cut short by --timeout or --budget-s keeps
+the steps it logged (marked cut_short). Prints a table per system (mean over seeds) and the ratios
+agrpo / TRL, and writes results.json and reward_vs_time.png (every run) under --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import statistics
@@ -62,6 +80,33 @@ class Task:
     dtype: str = "bfloat16"
     """GPU tasks: the weights' dtype on both sides (fp32 weights train under bf16 autocast).
     SmolLM2 learns at lr 2e-5 only in fp32: in bf16 such updates round away (neither side did)."""
+    demo_task: str = "auto"
+    """agrpo demo --task (its prompts and reward; auto: the model's own)."""
+    completions_per_step: int = 16
+    """Both sides: completions an optimizer step trains, in groups of 8 (agrpo:
+    per_device_train_batch_size, which counts completions as TRL's does)."""
+    max_completion_length: int | None = None
+    """None: the demo task's own (agrpo/demo/runner.py DEMO_TASKS); else --set on agrpo's side."""
+    num_prompts: int = 64
+    """Prompts in the generated dataset both sides read (agrpo demo --num-prompts)."""
+    trl_grad_accum: int = 1
+    """TRL: gradient_accumulation_steps = steps_per_generation, per_device_train_batch_size =
+    completions_per_step / this: one generation batch an optimizer step, in this many micro-batches."""
+    trl_grad_ckpt: bool = False
+    """TRL: gradient_checkpointing."""
+    vllm_max_model_len: int | None = None
+    """TRL's colocated vLLM: vllm_max_model_length (None: TRL's default, the model config's limit)."""
+
+    def shape_args(self) -> list[str]:
+        """What agrpo demo gets beyond --model for this task's shape: only what differs from the
+        demo's defaults (the toy tasks get nothing), as a user would pass it."""
+        out = [] if self.demo_task == "auto" else ["--task", self.demo_task]
+        out += [] if self.num_prompts == 64 else ["--num-prompts", str(self.num_prompts)]
+        if self.completions_per_step != 16:
+            out += ["--set", f"per_device_train_batch_size={self.completions_per_step}"]
+        if self.max_completion_length is not None:
+            out += ["--set", f"max_completion_length={self.max_completion_length}"]
+        return out
 
 
 TASKS = {
@@ -70,7 +115,62 @@ TASKS = {
     "gpu-0.5b": Task("gpu-0.5b", "0.5b", 80, (0.5, 0.9), 10, "digit_share", gpu=True),
     "gpu-1.5b": Task("gpu-1.5b", "1.5b", 80, (0.5, 0.9), 10, "digit_share", gpu=True),
     "gpu-smollm2": Task("gpu-smollm2", "smollm2", 40, (0.6,), 5, "final_answer", gpu=True, dtype="float32"),
+    # The toy 1.5B task's reward, lr (1e-4) and thresholds at a realistic shape: 64 completions of up to
+    # 1024 tokens a step. TRL: GA 8 (micro-batches of 8), no gradient checkpointing. The arithmetic, for
+    # one 80 GB H100 (79.1 GiB) with vLLM colocated at 0.3: a step's fixed memory is bf16 weights, grads
+    # and AdamW's two bf16 moments, 4 x 2.6 GB = 9.8 GiB, plus vLLM's 0.3 x 79.1 = 23.7 GiB: 33.5 GiB.
+    # Activations of an eager Qwen2 layer without checkpointing, bf16, per token: the two RMSNorms' fp32
+    # inputs and bf16 outputs (2 x 6h B), q, k, v (k and v repeated to 12 heads for SDPA) and the output
+    # (4 x 2h B), the MLP's gate, up, SiLU and product (4 x 2I B): 20h + 8I = 100 KiB at h 1536, I 8960;
+    # x 28 layers = 2.73 MiB a token (TRL 1.16's fused LM head never makes the logits, and the vocab is
+    # 1024 anyway). Calibration, TRL 1.16 on one H100 at 448 tokens: GA 8 peaked at 44 GiB = 33.5 +
+    # 8 x ~475 tokens x 2.73 MiB (10.1 GiB), and GA 1 (64 x 475 x 2.73 MiB = 81 GiB of activations)
+    # ran out of memory. At 1024 tokens a row is up to 1042 tokens (a 17-18-token prompt; TRL pads a
+    # micro-batch to its longest): GA 8 holds 8 x 1042 x 2.73 MiB = 22.2 GiB, a 56 GiB peak, 23 GiB to
+    # spare; GA 4 would hold 44.4 GiB, a 78 GiB peak: no. Checkpointing would let GA 1 fit (each layer's
+    # input only, 28 x 3 KiB a token, plus one layer recomputed: ~12 GiB) but costs a second forward
+    # (~1.33x the FLOPs) where GA 8's micro-batches of ~8.3k tokens already fill the GPU, so GA 8 without
+    # it is the faster of the choices that fit. (The GA 16 of keeping 448 tokens' micro-batch size would
+    # fit too, at ~45 GiB, with half-size matmuls.) If GA 8 runs out of memory after all:
+    # --trl-grad-accum 16.
+    "gpu-1.5b-long": Task("gpu-1.5b-long", "1.5b", 60, (0.5, 0.9), 10, "digit_share", gpu=True,
+                          completions_per_step=64, max_completion_length=1024, trl_grad_accum=8,
+                          vllm_max_model_len=2048),
+    # SmolLM2-135M on word problems of 1 to 4 operations (agrpo/demo/task.py word_problem): answers of
+    # one line to several, 64 completions of up to 512 tokens a step, 512 prompts (8 a step: 60 steps
+    # see each about once, so the reward measures solving, not remembering 64 answers); final_answer,
+    # lr 2e-5 as for the sums. Thresholds, trailing-5 reward: 0.2, and 0.3 as a stretch. Before training
+    # (SmolLM2 on the CPU, these prompts and chat template, temperature 1, 320 tokens, 16 samples per
+    # operation count) it scores 0.08: 0.19 on one operation, 0.06 on two and three, 0 on four; greedy, it
+    # gets 2 of 8 one-operation problems (it often answers with the first number given: "The final answer
+    # is 6"). What GRPO can teach it within 60 steps is mostly what it taught on the sums (end on the
+    # computed number, stop rambling: 31% of those samples ran to 320 tokens) and the one- and
+    # two-operation problems; 0.2 needs that (2.5x the start, about 5 standard errors of a trailing-5
+    # mean of 40 prompts above it), 0.3 needs most 1-2 operation problems right and some longer ones,
+    # plausible but not sure at 135M in 60 steps. The toy task's 0.6 is out of reach here.
+    # TRL: GA 2 (micro-batches of 32). The arithmetic: fp32 weights, grads and AdamW moments, 4 x 0.54 GB
+    # = 2.0 GiB, plus vLLM's 23.7 GiB: 25.7 GiB fixed. Activations under bf16 autocast with an fp32
+    # residual stream, per token and layer: the norms' fp32 inputs and outputs (2 x 8h B), autocast's bf16
+    # copies of each projection's input (5 x 2h B), q, k, v (repeated from 3 to 9 heads) and the output
+    # (4 x 2h B), the MLP's 4 x 2I B: 34h + 8I = 31 KiB at h 576, I 1536; x 30 layers = 0.91 MiB a
+    # token. Its 49k vocabulary would be 96 KiB a token of bf16 logits (fp32 in the loss: more) but
+    # TRL 1.16 scores through a fused, chunked LM head (add_fused_lm_head: the logits are never made
+    # whole). A row is up to ~600 tokens (a 58-92-token prompt with the chat template + 512). GA 2: 32 x 600
+    # x 0.91 MiB = 17 GiB, a 43 GiB peak. GA 1 would be 34 GiB, a 60 GiB peak: on paper it fits, but this
+    # estimate has no measurement behind it (the 1.5B's has) and 19 GiB is the only margin for autocast's
+    # casts, the allocator's fragmentation across varying widths and the backward's transients, while a
+    # second micro-batch of 19k tokens costs a 135M model little. Gradient checkpointing: not needed.
+    "gpu-smollm2-long": Task("gpu-smollm2-long", "smollm2", 60, (0.2, 0.3), 5, "final_answer", gpu=True,
+                             dtype="float32", demo_task="word-problems", completions_per_step=64,
+                             max_completion_length=512, num_prompts=512, trl_grad_accum=2,
+                             vllm_max_model_len=1536),
 }
+# vllm_max_model_len (TRL's colocated vLLM): must hold a prompt and the longest completion; 1024 of
+# prompt room + max_completion_length, the rule agrpo's launcher starts its own vLLM with
+# (AgrpoConfig.max_model_len_for). Sleep mode (vllm_enable_sleep_mode) stays off, TRL's default: at
+# 0.3 of the GPU, vLLM leaves the training step the room the arithmetic above needs, and sleeping
+# would free vLLM's memory during the step only to pay for it at every generation (level 2 drops the
+# weights and the KV cache: a wake-up reallocates both and reloads the weights, every step).
 AGRPO_VARIANTS = {"agrpo": [], "agrpo-sync": ["--set", "trainer.schedule=sync"],
                   "agrpo-async": ["--set", "trainer.schedule=async"],
                   "agrpo-vllm": ["--set", "launcher.generation=vllm"],
@@ -87,13 +187,20 @@ class Run:
     error: str = ""
     phases: list[tuple[float, float, float]] = field(default_factory=list)
     """agrpo: per step (wait for samples, forward and backward, optimizer) in seconds."""
+    tokens: list[float] = field(default_factory=list)
+    """Per step: completion tokens trained (mean completion length x completions)."""
+    cut_short: bool = False
+    """Stopped by --timeout or --budget-s: `steps` holds what it logged until then."""
+    extra: dict = field(default_factory=dict)
+    """Per run: stale_share, generated_per_trained, mfu, gpu_peak_gib, torch_peak_gib, ..."""
 
 
 def demo_options(task: Task, a):
     """The agrpo demo's options for `task` (its model folder and prompts are TRL's too)."""
     from agrpo.demo.runner import DemoOptions
 
-    return DemoOptions(model=task.demo_model, steps=a.steps or task.steps, out=a.out / "inputs", cache=a.cache)
+    return DemoOptions(model=task.demo_model, task=task.demo_task, steps=a.steps or task.steps,
+                       num_prompts=task.num_prompts, out=a.out / "inputs", cache=a.cache)
 
 
 def inputs(task: Task, a) -> tuple[Path, Path]:
@@ -106,14 +213,64 @@ def inputs(task: Task, a) -> tuple[Path, Path]:
 
 
 def settings(task: Task, a) -> dict:
+    """The demo task's settings (lr, reward, length) with the task's shape on top."""
     from agrpo.demo import runner
 
-    return runner.task_settings(demo_options(task, a))
+    out = runner.task_settings(demo_options(task, a))
+    if task.max_completion_length is not None:
+        out["max_completion_length"] = task.max_completion_length
+    return out
+
+
+def trl_grad(task: Task, a) -> tuple[int, bool]:
+    """TRL's (gradient_accumulation_steps, gradient_checkpointing): the task's, or the command line's."""
+    accum = a.trl_grad_accum or task.trl_grad_accum
+    if task.completions_per_step % accum:
+        raise SystemExit(f"--trl-grad-accum {accum}: {task.completions_per_step} completions a step do not split evenly")
+    return accum, task.trl_grad_ckpt if a.trl_grad_ckpt is None else a.trl_grad_ckpt
+
+
+class GpuMemory:
+    """nvidia-smi's memory.used per GPU every 0.5 s while a run lasts (both sides alike); nothing
+    where there is no nvidia-smi."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.proc = path, None
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits",
+                                          "-lms", "500"], stdout=path.open("w"), stderr=subprocess.DEVNULL)
+        except OSError:
+            self.proc = None
+
+    def stop(self) -> dict:
+        """{"gpu_peak_gib": the highest GPU's peak, "gpu_peak_gib_per_gpu": {index: peak}} or {}."""
+        if self.proc is None:
+            return {}
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        return gpu_peaks(self.path.read_text())
+
+
+def gpu_peaks(text: str) -> dict:
+    """Peak GiB per GPU from nvidia-smi's "index, MiB" lines."""
+    peak: dict[str, float] = {}
+    for line in text.splitlines():
+        index, _, mib = line.partition(",")
+        try:
+            peak[index.strip()] = max(peak.get(index.strip(), 0.0), float(mib) / 1024)
+        except ValueError:
+            continue
+    if not peak:
+        return {}
+    return {"gpu_peak_gib": round(max(peak.values()), 2), "gpu_peak_gib_per_gpu": {k: round(v, 2) for k, v in peak.items()}}
 
 
 def _run(argv: list[str], log: Path, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run one system; its output also goes to `log`. Past `timeout` it gets SIGTERM (the demo
-    then stops everything it started) and counts as failed."""
+    then stops everything it started) and counts as cut short (returncode 124)."""
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
@@ -130,48 +287,140 @@ def _run(argv: list[str], log: Path, timeout: float, env: dict | None = None) ->
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def run_trl(task: Task, seed: int, model: Path, prompts: Path, a) -> Run:
+def trl_argv(task: Task, seed: int, model: Path, prompts: Path, a) -> list[str]:
+    """benchmarks/trl_runner.py's command line for one run (the toy tasks' is what it always was)."""
     s = settings(task, a)
-    out = a.out / f"trl_seed{seed}.jsonl"
     argv = [str(a.trl_python), str(ROOT / "benchmarks" / "trl_runner.py"), "--model", str(model), "--prompts", str(prompts),
             "--reward-file", str(ROOT / "agrpo" / "demo" / "task.py"), "--reward-func", task.reward,
             "--seed", str(seed), "--steps", str(a.steps or task.steps), "--threads", str(a.trl_threads),
             "--max-completion-length", str(s["max_completion_length"]), "--lr", str(s["learning_rate"]),
-            "--out", str(out), "--quiet"]
+            "--out", str(a.out / f"trl_seed{seed}.jsonl"), "--quiet"]
+    if task.completions_per_step != 16:
+        argv += ["--prompts-per-step", str(task.completions_per_step // 8)]
+    accum, ckpt = trl_grad(task, a)
+    argv += ["--grad-accum", str(accum)] if accum != 1 else []
+    argv += ["--grad-ckpt"] if ckpt else []
     if task.gpu:
         argv += ["--use-vllm", "--vllm-mode", "colocate", "--dtype", task.dtype]
         argv += ["--bf16"] if task.dtype != "bfloat16" else []
+        if task.vllm_max_model_len:
+            argv += ["--vllm-max-model-length", str(task.vllm_max_model_len)]
+    return argv
+
+
+def agrpo_argv(task: Task, system: str, seed: int, a) -> list[str]:
+    """`agrpo demo` as a user runs it: the model, the task's shape, the seed and the steps."""
+    return [sys.executable, "-m", "agrpo.cli", "demo", "--model", task.demo_model, "--steps", str(a.steps or task.steps),
+            "--out", str(a.out / f"{system}_seed{seed}"), "--cache", str(a.cache), "--set", f"seed={seed}",
+            *task.shape_args(), *AGRPO_VARIANTS[system], *(x for kv in a.set for x in ("--set", kv)),
+            *(("--gpu", "--dtype", task.dtype) if task.gpu else ()), *task.demo_args]
+
+
+MIN_RUN_S = 30
+"""--budget-s: a run is not started with less than this left (it would be stopped before its first step)."""
+
+
+def _timeout(a) -> float:
+    """One run's limit: --timeout, and no further than --budget-s from this script's start."""
+    if a.budget_s is None:
+        return a.timeout
+    return max(1.0, min(a.timeout, a.budget_s - (time.time() - a.began)))
+
+
+def run_trl(task: Task, seed: int, model: Path, prompts: Path, a) -> Run:
+    out = a.out / f"trl_seed{seed}.jsonl"
+    out.unlink(missing_ok=True)
+    argv = trl_argv(task, seed, model, prompts, a)
     t0 = time.time()
-    proc = _run([*argv, "--t0", str(t0)], a.out / f"trl_seed{seed}.log", a.timeout)
-    run = Run("trl", seed)
+    memory = GpuMemory(a.out / f"trl_seed{seed}.gpu.csv") if task.gpu else None
+    try:
+        proc = _run([*argv, "--t0", str(t0)], a.out / f"trl_seed{seed}.log", _timeout(a))
+    finally:
+        peaks = memory.stop() if memory else {}
+    run = Run("trl", seed, extra={"stale_share": 0.0, "generated_per_trained": 1.0, **peaks})
     if proc.returncode != 0:
         run.error = (proc.stderr or proc.stdout)[-2000:]
+        run.cut_short = proc.returncode == 124
+    if proc.returncode != 0 and not run.cut_short:
         return run
-    for line in out.read_text().splitlines():
-        rec = json.loads(line)
+    return _read_trl(out, run)
+
+
+def _read_trl(out: Path, run: Run) -> Run:
+    """trl_runner.py's lines into `run`: steps, tokens, torch's CUDA peaks (a last line cut by a
+    stop is skipped)."""
+    for line in out.read_text().splitlines() if out.exists() else []:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
         if "step" in rec:
             run.steps.append((rec["t_launch"], rec["t_train"], rec["reward"]))
+            run.tokens.append(float(rec.get("completion_len") or 0.0) * rec.get("completions", 16))
+        # torch.cuda.max_memory_allocated so far (vLLM's allocations in this process included)
+        if rec.get("cuda_peak_gib") is not None:
+            run.extra["torch_peak_gib"] = rec["cuda_peak_gib"]
+        if rec.get("cuda_peak_reserved_gib") is not None:
+            run.extra["torch_peak_reserved_gib"] = rec["cuda_peak_reserved_gib"]
     return run
 
 
 def run_agrpo(task: Task, system: str, seed: int, a) -> Run:
     out = a.out / f"{system}_seed{seed}"
-    argv = [sys.executable, "-m", "agrpo.cli", "demo", "--model", task.demo_model, "--steps", str(a.steps or task.steps),
-            "--out", str(out), "--cache", str(a.cache), "--set", f"seed={seed}", *AGRPO_VARIANTS[system],
-            *(x for kv in a.set for x in ("--set", kv)),
-            *(("--gpu", "--dtype", task.dtype) if task.gpu else ()), *task.demo_args]
+    argv = agrpo_argv(task, system, seed, a)
     t0 = time.time()
-    proc = _run(argv, a.out / f"{system}_seed{seed}.log", a.timeout, {**os.environ, "OMP_NUM_THREADS": "1"})
-    run = Run(system, seed)
+    memory = GpuMemory(a.out / f"{system}_seed{seed}.gpu.csv") if task.gpu else None
+    try:
+        proc = _run(argv, a.out / f"{system}_seed{seed}.log", _timeout(a), {**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        peaks = memory.stop() if memory else {}
+    run = Run(system, seed, extra=dict(peaks))
     if proc.returncode != 0:
         run.error = (proc.stderr or proc.stdout)[-2000:]
+        run.cut_short = proc.returncode == 124
+        if not run.cut_short:
+            return run
+    from agrpo.launcher.progress import read_steps  # skips a half-written last line
+
+    rows = read_steps(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
+    if not rows:
         return run
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     first = rows[0]
     start = first["time"] - float(first.get("perf/step_s", 0)) - float(first.get("perf/wait_s", 0))
     run.steps = [(r["time"] - t0, r["time"] - start, float(r["reward"])) for r in rows]
     run.phases = [tuple(float(r.get(k, 0.0)) for k in PHASES) for r in rows]
+    run.tokens = [float(r.get("completions/mean_length", 0.0)) * float(r.get("batch/num_samples", r.get("sample/trained", 0)))
+                  for r in rows]
+    run.extra.update(agrpo_extra(rows, out / "summary.json"))
     return run
+
+
+def agrpo_extra(rows: list[dict], summary_path: Path) -> dict:
+    """From agrpo's metrics and summary: the stale share (samples dropped as stale / generated, the
+    demo's own count from the trainer's and rollout's last statuses; else the metrics' trainer-side
+    count over trained + that), samples generated per sample trained, the median perf/mfu of the
+    steps after the first."""
+    out: dict = {}
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        summary = {}
+    share = summary.get("dropped_stale_share")
+    trained = sum(float(r.get("sample/trained", 0)) for r in rows)
+    if isinstance(share, (int, float)) and math.isfinite(share):
+        out["stale_share"] = float(share)
+    elif trained:
+        dropped = max([float(r.get("sample/dropped_stale_total", 0)) for r in rows], default=0.0)
+        out["stale_share"] = dropped / (trained + dropped)
+    generated = summary.get("samples_generated")
+    if generated and summary.get("samples_trained"):
+        out["generated_per_trained"] = max(1.0, generated / summary["samples_trained"])
+    elif "stale_share" in out and out["stale_share"] < 1:
+        out["generated_per_trained"] = 1 / (1 - out["stale_share"])
+    mfu = [float(r["perf/mfu"]) for r in rows[1:] if isinstance(r.get("perf/mfu"), (int, float))]
+    if mfu:
+        out["mfu"] = statistics.median(mfu)
+    return out
 
 
 PHASES = ("perf/wait_s", "perf/forward_backward_s", "perf/optimizer_s")
@@ -206,6 +455,15 @@ def numbers(run: Run, task: Task) -> dict:
     durations = [b - a for a, b in itertools.pairwise(t_launch)] or [t_launch[0]]
     out = {"s_per_step": statistics.median(durations), "start_s": t_launch[0] - t_train[0],
            "final_reward": statistics.fmean(rewards[-task.window:])}
+    if run.cut_short:
+        out["cut_short"] = True
+    if len(run.tokens) == len(run.steps) and any(run.tokens):
+        out["completion_len"] = sum(run.tokens) / len(run.tokens) / task.completions_per_step
+        if len(t_launch) > 1 and t_launch[-1] > t_launch[0]:
+            out["trained_tok_per_s"] = sum(run.tokens[1:]) / (t_launch[-1] - t_launch[0])
+            if "generated_per_trained" in run.extra:
+                out["generated_tok_per_s"] = out["trained_tok_per_s"] * run.extra["generated_per_trained"]
+    out.update({k: v for k, v in run.extra.items() if k != "generated_per_trained"})
     if run.phases:
         out.update({f"median_{k.split('/')[1]}": statistics.median(p[i] for p in run.phases)
                     for i, k in enumerate(PHASES)}, slow_steps=slow_steps(run))
@@ -222,17 +480,24 @@ def _mean(values: list) -> float | None:
     return statistics.fmean(got) if got and len(got) == len(values) else None
 
 
+THROUGHPUT_KEYS = ("trained_tok_per_s", "generated_tok_per_s", "completion_len", "stale_share")
+GPU_KEYS = ("mfu", "gpu_peak_gib", "torch_peak_gib")
+
+
 def table(results: dict[str, list[dict]], task: Task) -> list[str]:
-    """Mean over seeds per system, and each agrpo system's ratio to TRL."""
+    """Mean over seeds per system (runs cut short count with the steps they logged), and each agrpo
+    system's ratio to TRL."""
     keys = ["s_per_step", "start_s", *(f"{k}_{t}" for t in task.thresholds for k in ("steps", "train_s", "launch_s")),
-            "final_reward"]
+            "final_reward", *THROUGHPUT_KEYS, *(GPU_KEYS if task.gpu else ())]
     lines = ["| system | runs | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 2)]
     means = {}
     for system, rows in results.items():
         ok = [r for r in rows if "error" not in r]
         means[system] = {k: _mean([r.get(k) for r in ok]) if ok else None for k in keys}
         cells = ["-" if v is None else f"{v:.3g}" for v in means[system].values()]
-        lines.append(f"| {system} | {len(ok)}/{len(rows)} | " + " | ".join(cells) + " |")
+        short = sum(1 for r in ok if r.get("cut_short"))
+        runs = f"{len(ok)}/{len(rows)}" + (f" ({short} cut short)" if short else "")
+        lines.append(f"| {system} | {runs} | " + " | ".join(cells) + " |")
     if "trl" in means:
         for system in (s for s in means if s != "trl"):
             ratios = []
@@ -276,9 +541,17 @@ def report(runs: list[Run], systems: list[str], task: Task, a) -> list[str]:
     (a.out / "results.json").write_text(json.dumps({
         "task": task.name, "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
         "command": " ".join(sys.argv), "table": lines,
-        "runs": [{"system": r.system, "seed": r.seed, "steps": r.steps, "error": r.error, "phases": r.phases}
-                 for r in runs]}, indent=1))
+        "settings": task_record(task, a), "results": results,
+        "runs": [{"system": r.system, "seed": r.seed, "steps": r.steps, "error": r.error, "phases": r.phases,
+                  "tokens": r.tokens, "cut_short": r.cut_short, "extra": r.extra} for r in runs]}, indent=1))
     return lines
+
+
+def task_record(task: Task, a) -> dict:
+    """The task as run: its fields, TRL's batch split and the steps."""
+    accum, ckpt = trl_grad(task, a)
+    return {**dataclasses.asdict(task), "steps": a.steps or task.steps, "trl_grad_accum": accum, "trl_grad_ckpt": ckpt,
+            "trl_per_device_train_batch_size": task.completions_per_step // accum}
 
 
 def machine() -> str:
@@ -303,6 +576,55 @@ def _top_level(keys: str) -> list[str]:
     return [kv for kv in re.split(r",(?![^\[]*\])", keys) if kv]
 
 
+def dry_run(task: Task, systems: list[str], a) -> int:
+    """Every run's command line; agrpo's parsed by `agrpo demo`'s own parser and its config checked
+    (runner.check_config: the keys and values every service would load); TRL's GRPOConfig built by
+    trl_runner.py --check-config where --trl-python exists. No model is built."""
+    from agrpo.demo import cli, runner
+
+    print(f"[vs_trl] dry run, task {task.name}: {json.dumps(task_record(task, a))}")
+    print(f"[vs_trl] the demo task's settings: {json.dumps(settings(task, a))}")
+    prompts = runner.write_prompts(demo_options(task, a))
+    model = Path("<model folder>")
+    rc = 0
+    for seed in (int(x) for x in a.seeds.split(",")):
+        for system in systems:
+            if system == "trl":
+                argv = trl_argv(task, seed, model, prompts, a)
+                print(f"[vs_trl] trl seed {seed}: {' '.join(argv)}", flush=True)
+                if a.trl_python.exists():
+                    check = subprocess.run([*argv, "--check-config"], capture_output=True, text=True, check=False)
+                    print(check.stdout.strip() or check.stderr[-2000:], flush=True)
+                    rc |= check.returncode
+                continue
+            argv = agrpo_argv(task, system, seed, a)
+            print(f"[vs_trl] {system} seed {seed}: {' '.join(argv)}", flush=True)
+            opts = cli.parse(argv[argv.index("demo") + 1:])
+            runner.check_config(opts)
+            print(f"[vs_trl]   config ok: {json.dumps(effective_config(opts))}", flush=True)
+    return rc
+
+
+def effective_config(opts) -> dict:
+    """What the demo's services would load for `opts` (a placeholder model and URL): the keys a race
+    depends on."""
+    import tempfile
+
+    from agrpo.demo import runner
+    from agrpo.services.common.config import load_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = dataclasses.replace(opts, out=Path(tmp))
+        cfg = load_config(["--config", str(runner.write_config(probe, Path(tmp), Path(tmp) / "p.jsonl",
+                                                               "http://127.0.0.1:1"))], {})
+    return {"task": runner.demo_task(opts), "num_prompts": opts.num_prompts, "max_steps": cfg.max_steps,
+            "per_device_train_batch_size": cfg.per_device_train_batch_size,
+            "gradient_accumulation_steps": cfg.gradient_accumulation_steps, "num_generations": cfg.num_generations,
+            "max_completion_length": cfg.max_completion_length, "learning_rate": cfg.learning_rate,
+            "reward_funcs": [f.name for f in cfg.reward_funcs], "dtype": cfg.dtype, "bf16": cfg.bf16,
+            "schedule": cfg.trainer.schedule, "generation": cfg.launcher.generation, "seed": cfg.seed}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", choices=sorted(TASKS), default="tiny")
@@ -316,11 +638,21 @@ def main() -> int:
                    help="one more agrpo system: the default with these keys (e.g. agrpo-t2:trainer.threads=2)")
     p.add_argument("--trl-python", type=Path, default=TRL_PYTHON,
                    help="the Python that has TRL 1.16 (default .venv-trl, made on demand)")
+    p.add_argument("--trl-grad-accum", type=int, default=None,
+                   help="TRL's gradient_accumulation_steps = steps_per_generation (default: the task's trl_grad_accum)")
+    p.add_argument("--trl-grad-ckpt", action=argparse.BooleanOptionalAction, default=None,
+                   help="TRL's gradient_checkpointing (default: the task's trl_grad_ckpt)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
     p.add_argument("--deadline-s", type=float, default=None, help="start no run after this many seconds")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="stop a run (keeping the steps it logged) this many seconds after this script started")
+    p.add_argument("--dry-run", action="store_true",
+                   help="build nothing, run nothing: print each run's command line, check agrpo's config through "
+                        "agrpo demo's own parsing, and TRL's GRPOConfig where --trl-python exists")
     p.add_argument("--cache", type=Path, default=ROOT / ".cache")
     p.add_argument("--out", type=Path, default=ROOT / "bench_output" / "vs_trl")
     a = p.parse_args()
+    a.began = time.time()
     task, systems = TASKS[a.task], a.systems.split(",")
     for spec in a.variant:
         name, _, keys = spec.partition(":")
@@ -334,6 +666,8 @@ def main() -> int:
         p.error(f"--systems: unknown {unknown}; choose from trl, {', '.join(AGRPO_VARIANTS)}")
     a.out = a.out / task.name
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.dry_run:
+        return dry_run(task, systems, a)
     if "trl" in systems and a.trl_python == TRL_PYTHON and not TRL_PYTHON.exists():
         subprocess.run(["bash", str(ROOT / "scripts" / "setup_env.sh"), "trl"], check=True)
     model, prompts = inputs(task, a)
@@ -345,6 +679,10 @@ def main() -> int:
         for system in systems:  # interleaved: every system once per seed
             if a.deadline_s and time.time() - began > a.deadline_s:
                 print(f"[vs_trl] --deadline-s {a.deadline_s:.0f} passed: {system} seed {seed} not run", flush=True)
+                continue
+            if a.budget_s is not None and _timeout(a) < MIN_RUN_S:
+                print(f"[vs_trl] --budget-s {a.budget_s:.0f} leaves under {MIN_RUN_S} s: {system} seed {seed} not run",
+                      flush=True)
                 continue
             run = run_trl(task, seed, model, prompts, a) if system == "trl" else run_agrpo(task, system, seed, a)
             runs.append(run)
