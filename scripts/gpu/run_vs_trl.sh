@@ -10,7 +10,19 @@
 # --python-version 3.12 trl==1.16.0 accelerate==1.16.0 -d .whl/trl). TRL goes into its own
 # folder (/tmp/site-trl): agrpo's processes never see it.
 # Knobs: TASK=gpu-0.5b SEEDS=0,1,2 SYSTEMS=trl,agrpo STEPS= (the task's) DEADLINE=450 (no run starts
-#   after it) RUN_TIMEOUT=300 (one run) VS_ARGS="..." (more vs_trl.py arguments).
+#   after it) RUN_TIMEOUT=300 (one run) BUDGET= (seconds from this script's start at which a run is
+#   stopped, keeping the steps it logged; unset: none) VS_ARGS="..." (more vs_trl.py arguments, e.g.
+#   "--trl-grad-accum 16").
+# The long tasks (64 completions a step of up to 1024 / 512 tokens, 60 steps by default) do not fit
+# a 10-minute call with TRL's vLLM start: their defaults are DEADLINE=330 RUN_TIMEOUT=540 BUDGET=540
+# (60 s left to stop the run, write its results and pack the logs), so a call keeps what fits;
+# choose STEPS for the call, e.g.:
+#   TASK=gpu-1.5b-long SYSTEMS=trl SEEDS=0 STEPS=20 bash scripts/gpu/run_vs_trl.sh all
+#   TASK=gpu-1.5b-long SYSTEMS=agrpo SEEDS=0 STEPS=20 bash scripts/gpu/run_vs_trl.sh race   (warm)
+# SmolLM2 tasks (gpu-smollm2, gpu-smollm2-long) read the model from /tmp/agrpo-cache: its GGUF comes
+# in two pieces, one call each (scripts/gpu/prepare_smollm2.sh split, here; carry .cache/gpu-smol/p1,
+# then .cache/gpu-smol/p2); once both are on the machine this script assembles and converts it
+# (prepare_smollm2.sh assemble) before the race if the cache does not have it yet.
 # Into $OUT: run.log; vs_trl/TASK/: results.json, reward_vs_time.png; vs_trl_logs_TASK.tgz: each run's
 # logs and metrics (a call brings back 8 files at most; a call cut short brings back what fits).
 set -uo pipefail
@@ -47,21 +59,36 @@ fi
 python3 -c 'import agrpo.demo.runner, grpc, datasets; print("agrpo", __import__("agrpo").__version__)' || { say "agrpo's imports FAILED"; exit 5; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
+TASK=${TASK:-gpu-0.5b}
+if [[ $TASK == *-long ]]; then  # see the knobs above
+  DEADLINE=${DEADLINE:-330}; RUN_TIMEOUT=${RUN_TIMEOUT:-540}; BUDGET=${BUDGET:-540}
+fi
+if [[ $TASK == *smollm2* && ! -f /tmp/agrpo-cache/smollm2-135m-instruct/model.safetensors ]]; then
+  if [ -f "$ROOT/.cache/gpu-smol/p1/part.aa" ] && [ -f "$ROOT/.cache/gpu-smol/p2/part.ab" ]; then
+    [ -d "$TRL_SITE/accelerate" ] || install_wheels "$ROOT/.whl/trl" "$TRL_SITE" || exit 4  # the conversion's accelerate
+    SITE=$SITE TRL_SITE=$TRL_SITE CACHE=/tmp/agrpo-cache bash "$HERE/prepare_smollm2.sh" assemble \
+      || { say "SmolLM2 assembly FAILED"; exit 6; }
+  else
+    say "no SmolLM2 in /tmp/agrpo-cache and no pieces in .cache/gpu-smol (prepare_smollm2.sh split, one piece a call)"; exit 6
+  fi
+fi
+
 pack_logs() {  # every run's logs and metrics into one archive, then off the folder that travels back
-  local d=$BENCH/${TASK:-gpu-0.5b}
+  local d=$BENCH/$TASK
   [ -d "$d" ] || return 0
   (cd "$d" && find . -path ./inputs -prune -o -type f \( -name '*.log' -o -name '*.jsonl' -o -name 'summary.json' \
-     -o -path '*/profile/*' \) \
-     -size -20M -print | tar czf "$OUT/vs_trl_logs_${TASK:-gpu-0.5b}.tgz" -T - \
-   && find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.jsonl' \) -delete)
+     -o -name '*.gpu.csv' -o -path '*/profile/*' \) \
+     -size -20M -print | tar czf "$OUT/vs_trl_logs_$TASK.tgz" -T - \
+   && find . -maxdepth 1 -type f \( -name '*.log' -o -name '*.jsonl' -o -name '*.gpu.csv' \) -delete)
 }
 export LOOP_RUN_MARK="vs-trl-$$-$RANDOM"
 trap 'kill_marked "$LOOP_RUN_MARK"; pack_logs' EXIT
-say "vs_trl --task ${TASK:-gpu-0.5b} --seeds ${SEEDS:-0,1,2} --systems ${SYSTEMS:-trl,agrpo}"
+say "vs_trl --task $TASK --seeds ${SEEDS:-0,1,2} --systems ${SYSTEMS:-trl,agrpo}"
+# --budget-s counts from vs_trl.py's start: what this script spent before it is taken off
 # shellcheck disable=SC2086
-python3 benchmarks/vs_trl.py --task "${TASK:-gpu-0.5b}" --seeds "${SEEDS:-0,1,2}" --systems "${SYSTEMS:-trl,agrpo}" \
+python3 benchmarks/vs_trl.py --task "$TASK" --seeds "${SEEDS:-0,1,2}" --systems "${SYSTEMS:-trl,agrpo}" \
   ${STEPS:+--steps "$STEPS"} --trl-python "$TRL_PY" --timeout "${RUN_TIMEOUT:-300}" --deadline-s "${DEADLINE:-450}" \
-  --cache /tmp/agrpo-cache --out "$BENCH" ${VS_ARGS:-}
+  ${BUDGET:+--budget-s "$((BUDGET - SECONDS))"} --cache /tmp/agrpo-cache --out "$BENCH" ${VS_ARGS:-}
 RC=$?
 kill_marked "$LOOP_RUN_MARK"
 say "done rc=$RC; \$OUT: $(ls "$OUT" | tr '\n' ' ')"
