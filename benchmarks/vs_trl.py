@@ -112,8 +112,10 @@ class Task:
 TASKS = {
     "tiny": Task("tiny", "tiny", 80, (0.5, 0.9), 10, "digit_share"),
     "smollm2": Task("smollm2", "smollm2", 20, (0.6,), 5, "final_answer"),
-    "gpu-0.5b": Task("gpu-0.5b", "0.5b", 80, (0.5, 0.9), 10, "digit_share", gpu=True),
-    "gpu-1.5b": Task("gpu-1.5b", "1.5b", 80, (0.5, 0.9), 10, "digit_share", gpu=True),
+    # vllm_max_model_len 1024: what TRL's vLLM took from the shaped models' config before their limit
+    # was raised to Qwen2.5's 32768 for the long task (agrpo/demo/runner.py SHAPED_POSITIONS).
+    "gpu-0.5b": Task("gpu-0.5b", "0.5b", 80, (0.5, 0.9), 10, "digit_share", gpu=True, vllm_max_model_len=1024),
+    "gpu-1.5b": Task("gpu-1.5b", "1.5b", 80, (0.5, 0.9), 10, "digit_share", gpu=True, vllm_max_model_len=1024),
     "gpu-smollm2": Task("gpu-smollm2", "smollm2", 40, (0.6,), 5, "final_answer", gpu=True, dtype="float32"),
     # The toy 1.5B task's reward, lr (1e-4) and thresholds at a realistic shape: 64 completions of up to
     # 1024 tokens a step. TRL: GA 8 (micro-batches of 8), no gradient checkpointing. The arithmetic, for

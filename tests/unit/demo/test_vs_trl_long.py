@@ -26,7 +26,9 @@ def _args(tmp_path, **kw):
 def test_the_toy_races_run_as_before(tmp_path, name):
     task, a = vs_trl.TASKS[name], _args(tmp_path)
     trl = vs_trl.trl_argv(task, 0, Path("m"), Path("p"), a)
-    assert not {"--prompts-per-step", "--grad-accum", "--grad-ckpt", "--vllm-max-model-length"} & set(trl)
+    assert not {"--prompts-per-step", "--grad-accum", "--grad-ckpt"} & set(trl)
+    # the shaped models' vLLM context stays what TRL read from their config before it was raised
+    assert trl_runner.parse_args(trl[2:]).vllm_max_model_length == (1024 if name in ("gpu-0.5b", "gpu-1.5b") else None)
     agrpo = vs_trl.agrpo_argv(task, "agrpo", 0, a)
     assert task.shape_args() == [] and "--task" not in agrpo and "--num-prompts" not in agrpo
     assert agrpo[agrpo.index("--set") + 1] == "seed=0" and agrpo.count("--set") == 1
