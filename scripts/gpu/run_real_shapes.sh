@@ -4,7 +4,7 @@
 # run_vs_trl.sh's header says, to fit 64 MiB):
 #   BUDGET_S=560 bash scripts/gpu/run_real_shapes.sh
 # Knobs: MODEL=1.5b BATCH=64 COMPLETION=1024 STEPS=12 WARMUP=2 SEEDS=0
-#   VARIANTS="sync,async,alternate,alt-keepkv:trainer.schedule=alternate;trainer.recompute_in_flight=false"
+#   VARIANTS="sync,async,alternate,alt-keepkv:...,alt-compile:..." (one_gpu_schedules.py --variants)
 # Into $OUT: run.log, schedules.jsonl (a line per run, written as it goes), logs.tgz (every run's
 # metrics and service logs).
 set -uo pipefail
@@ -36,7 +36,7 @@ LEFT=$(( BUDGET - ($(date +%s) - T0) ))
 say "schedules: ${VARIANTS:-default set} ($LEFT s left)"
 timeout $(( LEFT - 15 )) python3 benchmarks/one_gpu_schedules.py --model "${MODEL:-1.5b}" --batch "${BATCH:-64}" \
   --completion "${COMPLETION:-1024}" --steps "${STEPS:-12}" --warmup "${WARMUP:-2}" --seeds "${SEEDS:-0}" \
-  --variants "${VARIANTS:-sync,async,alternate,alt-keepkv:trainer.schedule=alternate;trainer.recompute_in_flight=false}" \
+  --variants "${VARIANTS:-alternate,sync,async,alt-keepkv:trainer.schedule=alternate;trainer.recompute_in_flight=false,alt-compile:trainer.schedule=alternate;trainer.compile=true}" \
   --cache /tmp/agrpo-cache --out "$BENCH" --run-timeout "${RUN_TIMEOUT:-240}" --deadline-s $(( LEFT - 150 )) \
   2>&1 | grep -v '^\s*$' | grep -v 'it/s\]' | cut -c1-1500
 say "done"
