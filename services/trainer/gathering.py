@@ -78,6 +78,11 @@ class StepGatherer:
         besides its first step is allocated): one row per rank in every micro-batch (TRL's
         num_processes), rank r trains row r; rows within token_budget, or what memory holds."""
         self.budget = self._resolve_budget()
+        asked = self.cfg.per_device_train_batch_size * self.cfg.gradient_accumulation_steps * self.num_rows
+        if asked != self.pace.per_step:
+            log.warning("per_device_train_batch_size x gradient_accumulation_steps x ranks = %d samples is not whole "
+                        "groups of num_generations=%d: a step trains %d", asked, self.cfg.num_generations,
+                        self.pace.per_step)
         self.batcher = make_batcher(self.budget or 0, self.num_rows, self.cfg.per_device_train_batch_size,
                                     self._on_oversize, self.cfg.trainer.max_samples_per_micro_batch)
 
