@@ -30,7 +30,7 @@ and a last line {"event": "done", ...} with the totals, the versions, the effect
 CUDA peaks (cuda_peak_gib, cuda_peak_reserved_gib).
 
 Settings (TRL 1.16.0 GRPOConfig / transformers 5.19.0 TrainingArguments), checked against their
-source in .venv-trl, each matched to /work/shared/reference/trl-grpotrainer-baseline.md:
+source in .venv-trl, each matched to agrpo's own (docs/vs-trl.md):
 
 - per_device_train_batch_size = prompts_per_step x num_generations / --grad-accum (toy tasks:
   2 x 8 / 1 = 16): TRL counts completions, not prompts; one process, so 16 completions = 2 groups

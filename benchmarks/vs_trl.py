@@ -7,8 +7,8 @@ prompts, reward and matched settings, seeds interleaved.
 
 Systems, each a separate process started by this script (its clock before the start is "launch"):
 - `trl`: benchmarks/trl_runner.py in .venv-trl (made on demand by `scripts/setup_env.sh trl`, never
-  part of `make test`): GRPOTrainer with the settings of /work/shared/reference/trl-grpotrainer-
-  baseline.md (every one written down in trl_runner.py's docstring), use_vllm=False on a CPU and
+  part of `make test`): GRPOTrainer with the settings docs/vs-trl.md lists (every one written down
+  in trl_runner.py's docstring), use_vllm=False on a CPU and
   vllm_mode="colocate" on a GPU.
 - `agrpo`: `agrpo demo` exactly as a user gets it (no flag but the task, the seed and the steps).
 - `agrpo-sync`, `agrpo-async`: the same with trainer.schedule forced, to show which the default is;

@@ -9,7 +9,7 @@
 #               every project dependency bump a vLLM compatibility question.
 #   .venv-trl   (trl, on demand only: benchmarks/vs_trl.py) Hugging Face TRL's own GRPOTrainer,
 #               the baseline of the head-to-head; nothing of agrpo, the versions the race names
-#               (/work/shared/reference/trl-grpotrainer-baseline.md).
+#               (docs/vs-trl.md).
 #
 # Use pip, not uv/poetry: torch 2.13.0+cpu comes from a local wheel folder that
 # only pip sees (through the machine's pip config: find-links).
