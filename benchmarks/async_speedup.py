@@ -222,7 +222,7 @@ def pin_spec(text: str) -> dict[str, str]:
     every key one of PIN_KEYS and every core one this process may use."""
     import os
 
-    from agrpo.services.common.affinity import cores
+    from agrpo.launcher.affinity import cores
 
     usable, out = os.sched_getaffinity(0), {}
     for item in text.split(","):

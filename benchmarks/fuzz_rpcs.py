@@ -73,9 +73,9 @@ def main() -> int:
     p.add_argument("--max-message-mb", type=int, default=1, help="the services' message limit")
     p.add_argument("--vllm-url", default=None, help="a running vLLM server of the tiny model (else one is started)")
     args = p.parse_args()
+    from agrpo.demo.tiny_model import make_tiny_model
+    from agrpo.launcher.vllm_process import VLLMServer
     from agrpo.services.common.logging import setup_logging
-    from agrpo.services.common.tiny_model import make_tiny_model
-    from agrpo.services.common.vllm_process import VLLMServer
 
     setup_logging("bench", "text", "warning")
     model_dir = str(make_tiny_model(ROOT / ".cache" / "tiny-model" / "seed0", seed=0))

@@ -52,7 +52,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from google.protobuf import struct_pb2  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
-from agrpo.services.common.affinity import cores, pin_threads  # noqa: E402
+from agrpo.launcher.affinity import cores, pin_threads  # noqa: E402
 from agrpo.services.common.channels import open_channel  # noqa: E402
 from agrpo.services.reward.builtins import Accuracy  # noqa: E402
 from agrpo.v1 import reward_service_pb2 as pb  # noqa: E402

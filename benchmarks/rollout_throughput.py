@@ -54,7 +54,7 @@ def filler_words(tokenizer) -> list[str]:
     vocab = tokenizer.get_vocab()
     if "w4" in vocab:
         return [f"w{i}" for i in range(4, min(len(vocab), 1000)) if f"w{i}" in vocab]
-    from agrpo.services.common.tiny_model import WORDS
+    from agrpo.demo.tiny_model import WORDS
 
     return list(WORDS)
 
@@ -447,7 +447,7 @@ async def main() -> None:
     server = None
     url = args.vllm_url
     if url is None:
-        from agrpo.services.common.tiny_model import make_tiny_model
+        from agrpo.demo.tiny_model import make_tiny_model
         from vllm_server import VLLMServer
 
         args.model_dir = str(make_tiny_model(ROOT / ".cache" / "tiny-model" / "seed0", seed=0))

@@ -56,7 +56,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--url", default=None)
     args = p.parse_args()
-    from agrpo.services.common.tiny_model import make_tiny_model
+    from agrpo.demo.tiny_model import make_tiny_model
 
     model_dir = str(make_tiny_model(ROOT / ".cache/tiny-model/seed0", seed=0))
     server = None

@@ -70,7 +70,7 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--gc", action="store_true", help="gradient checkpointing on (the default config)")
     args = p.parse_args()
-    from agrpo.services.common.tiny_model import make_tiny_model
+    from agrpo.demo.tiny_model import make_tiny_model
 
     model_dir = str(make_tiny_model(Path(".cache/tiny-model/seed0"), seed=0))
     rows = [run(True, args, model_dir), run(False, args, model_dir)]

@@ -35,7 +35,7 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="session")
 def tiny_model_factory():
     """``tiny_model_factory(seed) -> Path``: the tiny model for that seed (built once)."""
-    from agrpo.services.common.tiny_model import make_tiny_model
+    from agrpo.demo.tiny_model import make_tiny_model
 
     return lambda seed=0: make_tiny_model(TINY_CACHE / f"seed{seed}", seed=seed)
 

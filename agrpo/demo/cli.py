@@ -47,7 +47,7 @@ def parse_sets(items: list[str]) -> dict:
 
 def parse(argv: list[str]):
     """Demo options from the command line."""
-    from agrpo.services.common.vllm_process import WORKER_EXTENSION
+    from agrpo.launcher.vllm_process import WORKER_EXTENSION
 
     from .runner import DemoOptions
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agrpo.services.common.vllm_process import NCCL_SAFE_ENV, WORKER_EXTENSION, GpuProfile
+from agrpo.launcher.vllm_process import NCCL_SAFE_ENV, WORKER_EXTENSION, GpuProfile
 
 H200_BF16_TFLOPS = 989.0  # dense bf16 peak, for perf/mfu
 # The tiny model's head dim is hidden/4. The carried vLLM keeps only FlashAttention 3,

@@ -19,7 +19,7 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def tiny_model(cache: Path, hidden_size: int = 128) -> Path:
     """The seed-0 tiny model (built in seconds, cached); hidden_size/4 is the head dim."""
-    from agrpo.services.common.tiny_model import make_tiny_model
+    from agrpo.demo.tiny_model import make_tiny_model
 
     name = "seed0" if hidden_size == 128 else f"seed0-h{hidden_size}"
     return make_tiny_model(cache / "tiny-model" / name, seed=0, hidden_size=hidden_size,
@@ -37,7 +37,7 @@ SHAPES = {
 
 def shaped_model(cache: Path, shape: str) -> Path:
     """A seed-0 random model in one of SHAPES (HF's 0.02 init: 24+ layers at 0.2 saturate)."""
-    from agrpo.services.common.tiny_model import make_tiny_model
+    from agrpo.demo.tiny_model import make_tiny_model
 
     return make_tiny_model(cache / "shaped-model" / shape, seed=0, init_std=0.02, **SHAPES[shape])
 

@@ -25,11 +25,11 @@ import yaml
 from agrpo.launcher.job import Job, JobOptions
 from agrpo.launcher.progress import StepFollower, read_steps
 from agrpo.launcher.vllm_plan import extra_vllm_args, kv_cache_gib, model_max_len, trainer_generates
+from agrpo.launcher.vllm_process import VLLMServer, supports_scale_out
 from agrpo.services.common import weight_transports
 from agrpo.services.common.config import ConfigError, load_config
 from agrpo.services.common.config.loader import merge
 from agrpo.services.common.ports import free_port
-from agrpo.services.common.vllm_process import VLLMServer, supports_scale_out
 
 from . import gpu as gpu_mode
 from . import models, report

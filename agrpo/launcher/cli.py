@@ -71,7 +71,7 @@ def vllm_main(argv: list[str]) -> int:
                    "at least the trainer's max_staleness + 2 (default 6: max_staleness 4)")
     p.add_argument("--print", action="store_true", help="print the command and its environment only")
     a = p.parse_args(argv)
-    from agrpo.services.common.vllm_process import lora_args
+    from agrpo.launcher.vllm_process import lora_args
 
     from .vllm_plan import KV_FLOOR_GIB, VllmSettings, default_max_len, has_gpu
 

@@ -39,7 +39,7 @@ class ServiceProcess:
 
     def wait_healthy(self, address: str, service: str, timeout_s: float) -> None:
         """Poll gRPC health until SERVING; raise with the log tail if it dies or times out."""
-        from agrpo.services.common.probe import wait_serving
+        from agrpo.launcher.probe import wait_serving
 
         def check_alive() -> None:
             if not self.alive():

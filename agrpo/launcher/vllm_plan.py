@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from agrpo.launcher.vllm_process import GpuProfile, VLLMServer, lora_args
 from agrpo.services.common.preflight import StartupError, check_vllm_urls
 from agrpo.services.common.timeouts import VLLM_LAUNCH_TIMEOUT_S
-from agrpo.services.common.vllm_process import GpuProfile, VLLMServer, lora_args
 
 from .gpus import gpu_count
 

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     model_dir, data_file = args.out / "model", args.out / "data" / "prompts.jsonl"
-    from agrpo.services.common.tiny_model import make_tiny_model  # torch + transformers: lazy
+    from agrpo.demo.tiny_model import make_tiny_model  # torch + transformers: lazy
 
     make_tiny_model(model_dir, seed=args.seed)  # a no-op when the same model is there
     data_file.parent.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,7 @@ WORKER_RESTART_BACKOFF_S = 0.5
 WORKER_RESTART_BACKOFF_MAX_S = 30.0
 """Cap of that back-off: a broken reward module is retried twice a minute, not in a hot loop."""
 
-# A vLLM server process (services/common/vllm_process.py)
+# A vLLM server process (agrpo/launcher/vllm_process.py)
 
 VLLM_START_TIMEOUT_S = 240.0
 """Default limit for a vLLM server to answer /health after its start (a CPU model loads and warms up)."""

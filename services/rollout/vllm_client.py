@@ -24,8 +24,8 @@ from agrpo.services.common.timeouts import (
     WEIGHT_LABEL_TIMEOUT_S,
 )
 from agrpo.services.common.versions import adapter_version
-from agrpo.services.common.vllm_process import TRAINER_ENGINE
-from agrpo.services.common.vllm_process import parse_vllm_version as parse_version
+from agrpo.services.common.vllm_api import TRAINER_ENGINE
+from agrpo.services.common.vllm_api import parse_vllm_version as parse_version
 
 log = get_logger("rollout.vllm")
 

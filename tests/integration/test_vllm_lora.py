@@ -28,7 +28,7 @@ SCALE = 4.0  # lora_alpha / r: large, so acting twice is far from acting once
 
 @pytest.fixture(scope="module")
 def lora_server(tiny_model_dir):
-    from agrpo.services.common.vllm_process import lora_args
+    from agrpo.launcher.vllm_process import lora_args
     from vllm_server import VLLMServer
 
     server = VLLMServer(tiny_model_dir, extra_args=(*lora_args(8, 1), "--max-cpu-loras", "1")).start()

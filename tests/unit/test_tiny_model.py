@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agrpo.services.common.tiny_model import make_tiny_model
+from agrpo.demo.tiny_model import make_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -278,7 +278,9 @@ class TrainerSection(ServiceSection):
         """The schedule in force (auto resolved)."""
         if self.schedule != "auto":
             return self.schedule
-        return {"local": "sync", "ipc": "alternate"}.get(self.weight_transport, "async")
+        if self.weight_transport == "local":
+            return "sync"
+        return "alternate" if self.weight_transport == "ipc" else "async"
     overlap_weight_sync: bool = True
     """async schedule, http and shared_path transports: the weights are snapshotted, then pushed
     into vLLM while the next step trains (the trainer waits for the snapshot only). The sync

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from agrpo import __version__
 from agrpo.services.common.logging import get_logger
-from agrpo.services.common.vllm_process import TRAINER_ENGINE
+from agrpo.services.common.vllm_api import TRAINER_ENGINE
 
 from .generator import Generator, Request
 from .sampling import SamplingParams

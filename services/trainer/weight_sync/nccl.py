@@ -41,7 +41,7 @@ import torch
 
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.ports import free_port
-from agrpo.services.common.vllm_process import parse_vllm_version as parse_version
+from agrpo.services.common.vllm_api import parse_vllm_version as parse_version
 
 from .base import Prepared, WeightTransport
 from .client import IPC_CHECK, VLLMAdmin, WeightSyncError

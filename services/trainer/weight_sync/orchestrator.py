@@ -42,7 +42,7 @@ import aiohttp
 
 from agrpo.services.common.logging import get_logger
 from agrpo.services.common.versions import adapter_name
-from agrpo.services.common.vllm_process import parse_vllm_version
+from agrpo.services.common.vllm_api import parse_vllm_version
 
 from .adapter_sync import AdapterSync
 from .base import Prepared, WeightTransport

@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agrpo.launcher.probe import wait_serving
 from agrpo.services.common.ports import free_port
-from agrpo.services.common.probe import wait_serving
 from agrpo.v1 import reward_service_pb2 as pb
 from reward_helpers import HERE, OK, SERVICE, client, column, item
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from agrpo.services.common.vllm_process import WORKER_EXTENSION
+from agrpo.launcher.vllm_process import WORKER_EXTENSION
 from agrpo.services.trainer.weight_sync import WeightSyncer
 from agrpo.services.trainer.weight_sync.transports import HttpTransport, named_weights
 from trainer_helpers import greedy, vllm_greedy

@@ -14,8 +14,7 @@ from agrpo.demo import gpu, report, runner
 from agrpo.demo.cli import parse
 from agrpo.demo.runner import write_config
 from agrpo.launcher.processes import status_numbers
-from agrpo.services.common.config import load_config
-from agrpo.services.common.vllm_process import (
+from agrpo.launcher.vllm_process import (
     NCCL_SAFE_ENV,
     WORKER_EXTENSION,
     GpuProfile,
@@ -23,6 +22,7 @@ from agrpo.services.common.vllm_process import (
     supports_scale_out,
     vllm_python,
 )
+from agrpo.services.common.config import load_config
 from agrpo.v1 import common_pb2
 
 REPO = Path(__file__).resolve().parents[3]

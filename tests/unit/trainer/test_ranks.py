@@ -70,7 +70,7 @@ def test_silent_ranks_are_those_that_stop_beating_while_idle(store, monkeypatch)
 def test_a_clean_exit_destroys_the_process_group_a_failed_one_leaves_it(monkeypatch):
     import torch.distributed as dist
 
-    from agrpo.services.common.vllm_process import free_port
+    from agrpo.services.common.ports import free_port
 
     for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}.items():
         monkeypatch.setenv(key, value)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from agrpo.services.common.affinity import cores, pin_threads
+from agrpo.launcher.affinity import cores, pin_threads
 
 
 def test_cores_reads_taskset_lists():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -22,7 +21,6 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from agrpo.services.common.affinity import pin_threads
 from agrpo.services.common.lifetime import dying_with_this_process
 from agrpo.services.common.ports import free_port
 from agrpo.services.common.timeouts import (
@@ -36,16 +34,9 @@ from agrpo.services.common.timeouts import (
     VLLM_STOP_GRACE_S,
 )
 
+from .affinity import pin_threads
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def parse_vllm_version(text: str) -> tuple[int, int, int]:
-    """'0.33.0', '0.28.1.dev12+g..', 'v0.30' -> (major, minor, patch): the one reading of a
-    vLLM version string (rollout's minimum-version check, the trainer's protocol choices)."""
-    nums = [int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3]]
-    while len(nums) < 3:
-        nums.append(0)
-    return tuple(nums)  # type: ignore[return-value]
 
 
 # NVLink multicast off in every process on shared multi-GPU hosts (it can take the host's
@@ -54,9 +45,6 @@ def parse_vllm_version(text: str) -> tuple[int, int, int]:
 NCCL_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1", "NCCL_CUMEM_ENABLE": "0"}
 WORKER_EXTENSION = "agrpo_vllm_plugin.worker.AgrpoWorkerExtension"
-TRAINER_ENGINE = "agrpo-trainer"
-"""The `engine` a server's /version names when the trainer serves generation itself
-(trainer.weight_transport local): rollout accepts it in place of a vLLM version."""
 
 # Reads vLLM's argument definitions as text: importing vllm costs seconds (and CUDA init).
 _SCALE_OUT_PROBE = """
