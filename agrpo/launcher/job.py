@@ -243,7 +243,7 @@ class Job:
     def _resume_line(self) -> str:
         """After a stop: the checkpoint kept, and the command that continues from it (a plain
         restart starts a new run and moves this one aside)."""
-        from agrpo.services.trainer.checkpoint import latest
+        from agrpo.services.trainer import latest_checkpoint as latest
 
         kept = latest(self.out)
         if kept is None:

@@ -21,7 +21,7 @@ def check_job(cfg, config_dir: Path | None = None) -> None:
         check_service_ports(cfg, name)
     check_model(cfg)
     check_dataset(cfg, config_dir)
-    from agrpo.services.reward.registry import check_names
+    from agrpo.services.reward import check_reward_names as check_names
 
     check_names(cfg)
     check_user_code(cfg, [*cfg.sys_path, *([str(config_dir)] if config_dir else [])])
