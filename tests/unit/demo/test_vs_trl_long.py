@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import gpu_memory
 import trl_runner  # benchmarks/ is on pytest's pythonpath
 import vs_trl
 from agrpo.demo import runner
@@ -119,9 +120,9 @@ def test_agrpo_stale_share_comes_from_its_summary_else_its_metrics(tmp_path):
 
 
 def test_gpu_peaks_reads_nvidia_smi_lines():
-    assert vs_trl.gpu_peaks("0, 1024\n1, 512\n0, 40960\n1, 2048\ngarbage\n") == {
+    assert gpu_memory.gpu_peaks("0, 1024\n1, 512\n0, 40960\n1, 2048\ngarbage\n") == {
         "gpu_peak_gib": 40.0, "gpu_peak_gib_per_gpu": {"0": 40.0, "1": 2.0}}
-    assert vs_trl.gpu_peaks("") == {}
+    assert gpu_memory.gpu_peaks("") == {}
 
 
 def test_a_run_cut_short_keeps_its_steps(tmp_path):
