@@ -31,6 +31,11 @@ Two supervisors (`--supervisor`):
 
   .venv/bin/python benchmarks/chaos.py --short --supervisor plain
 
+At a real shape on one GPU (vLLM and the trainer share it, weights over CUDA IPC):
+
+  python benchmarks/chaos.py --gpu --model 1.5b --kills 6 --set per_device_train_batch_size=64 \
+      --set max_completion_length=1024
+
 `--lora` trains a LoRA adapter synced alone into vLLM (docs/lora.md): trainer@sync then lands
 in an adapter sync, trainer@save in an adapter checkpoint, and a killed vLLM comes back without
 adapters, which the trainer must notice and sync again.
@@ -234,6 +239,8 @@ def recovery(target: str, cfg, vllm, metrics: Path, limit_s: float) -> tuple[flo
 
 def start(a):
     """vLLM, the config and the services under the chosen supervisor."""
+    from agrpo.demo.cli import parse_sets
+    from agrpo.demo.gpu import GpuOptions
     from agrpo.demo.runner import DemoOptions, start_job, start_vllm_and_config
 
     overrides = {"save_steps": a.save_steps,  # vLLM is one of the targets: it generates here
@@ -244,8 +251,11 @@ def start(a):
         overrides["peft"] = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
     if a.trainer_ranks > 1:  # the trainer sharded (FSDP2): a kill of it is torchrun's, its ranks die with it
         overrides["trainer"] = {"num_processes": a.trainer_ranks}
-    opts = DemoOptions(steps=100_000, out=a.out, max_staleness=a.max_staleness, num_prompts=a.num_prompts,
-                       timeout_s=0, overrides=overrides)
+    for key, value in parse_sets(a.set).items():  # the shape, e.g. per_device_train_batch_size=64
+        overrides.setdefault(key, value)
+    gpu = GpuOptions(vllm_gpu="0", trainer_gpu="0") if a.gpu else None  # one GPU: CUDA IPC
+    opts = DemoOptions(model=a.model, steps=100_000, out=a.out, max_staleness=a.max_staleness,
+                       num_prompts=a.num_prompts, timeout_s=0, overrides=overrides, gpu=gpu)
     if a.supervisor == "launcher":
         vllm, job, cfg = start_job(opts, {})
         return vllm, LauncherSystem(job), cfg
@@ -369,6 +379,10 @@ def main() -> int:
     p.add_argument("--trainer-ranks", type=int, default=1, help="trainer.num_processes (FSDP2 ranks)")
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (r 16, every linear layer), "
                    "synced alone into vLLM: kills land in adapter syncs and adapter checkpoints")
+    p.add_argument("--model", default="tiny", help="agrpo demo --model (1.5b: the Qwen2.5-1.5B shape, for --gpu)")
+    p.add_argument("--gpu", action="store_true", help="vLLM and the trainer on GPU 0, weights over CUDA IPC")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="more config, e.g. per_device_train_batch_size=64 max_completion_length=1024")
     a = p.parse_args()
     if a.short:
         a.kills, a.min_s, a.max_s = 6, 4.0, 10.0
