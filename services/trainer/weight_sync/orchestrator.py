@@ -139,8 +139,7 @@ class WeightSyncer:
         computes alone). The next sync's pause is then already done and its resume releases them;
         `release` does it where no sync follows. A server that does not answer is left running."""
         async def pause(server: _Server) -> None:
-            admin = server.admin
-            await (admin.pause_scheduler() if admin.direct or server.quick_pause else admin.pause(clear_cache=False))
+            await self._pause(server)()
             server.held = True
 
         results = await asyncio.gather(*(pause(s) for s in self._servers.values()), return_exceptions=True)
@@ -222,15 +221,21 @@ class WeightSyncer:
             await self._phase(server, "update", lambda: self._swap(admin, prepared, report), report, current)
             server.held = False
         else:
-            pause = admin.pause_scheduler if admin.direct or server.quick_pause else \
-                (lambda: admin.pause(clear_cache=self.recompute_in_flight))
             phases = self._update_steps(server, prepared)
             if not server.held:  # `hold` paused it already
-                phases.insert(0, ("pause", pause))
+                phases.insert(0, ("pause", self._pause(server)))
             for phase, run in phases:
                 await self._phase(server, phase, run, report, current)
             server.held = False  # the update's last phase resumed it
         server.label = str(prepared.version)
+
+    def _pause(self, server: _Server) -> Callable[[], Awaitable[None]]:
+        """A sync's pause: /sleep level 0 where the server has it (the update resets the cache
+        after), else /pause, which resets it itself (or not: recompute_in_flight)."""
+        admin = server.admin
+        if admin.direct or server.quick_pause:
+            return admin.pause_scheduler
+        return lambda: admin.pause(clear_cache=self.recompute_in_flight)
 
     async def _swap(self, admin: VLLMAdmin, prepared: Prepared, report: SyncReport) -> None:
         """vLLM's flow in one call that the engine core runs between two scheduler steps; its
